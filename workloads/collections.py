@@ -1,0 +1,366 @@
+"""One typed notion of a test collection: corpus, queries, graded qrels, named splits.
+
+Sources:
+- a BEIR-format directory (``corpus.jsonl[.gz]``, ``queries.jsonl``, ``qrels/<split>.tsv``
+  with or without header, CRLF tolerated);
+- TREC files: a topics TSV (``qid<TAB>text``) and a qrels file (``qid Q0 docid rel``),
+  optionally with a corpus from another reference;
+- ir_datasets ids (``msmarco-document/trec-dl-2019/judged``, ``beir/<name>``), which
+  download on a connected machine and fail offline with a clear message.
+
+``resolve_collection("beir/scifact")`` looks for ``$ORCHESTRATE_DATA_DIR/scifact`` first and
+only then asks ir_datasets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from workloads.errors import InputError
+from workloads.paths import data_dir
+
+Qrels = dict[str, dict[str, int]]  # query id -> doc id -> graded relevance
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """The "flat" text that BM25 indexes and the cross-encoder reads: title + text."""
+        return f"{self.title} {self.text}" if self.title else self.text
+
+
+@dataclass
+class Collection:
+    """A corpus with queries and graded relevance judgements per named split.
+
+    ``relevance_level`` is the minimum grade that counts as relevant for binary measures
+    (AP, RR, P) and for picking training positives: 1 for BEIR, 2 for TREC-DL.
+    """
+
+    name: str
+    corpus: Mapping[str, Document] | None
+    queries: dict[str, str]
+    qrels: dict[str, Qrels]
+    relevance_level: int = 1
+    _fingerprint: str | None = field(default=None, repr=False)
+
+    @property
+    def splits(self) -> list[str]:
+        return sorted(self.qrels)
+
+    def split_qrels(self, split: str) -> Qrels:
+        if split not in self.qrels:
+            known = ", ".join(self.splits) or "none"
+            raise InputError(self.name, f"no split '{split}' (splits: {known})")
+        return self.qrels[split]
+
+    def split_queries(self, split: str) -> dict[str, str]:
+        """The queries judged in ``split``, in sorted id order."""
+        judged = self.split_qrels(split)
+        missing = [q for q in judged if q not in self.queries]
+        if missing:
+            raise InputError(self.name, f"split '{split}' judges {len(missing)} queries with no text (e.g. '{missing[0]}')")
+        return {q: self.queries[q] for q in sorted(judged)}
+
+    def require_corpus(self) -> Mapping[str, Document]:
+        if self.corpus is None:
+            raise InputError(self.name, "has no corpus (topics and qrels only): give a corpus to index or re-rank")
+        return self.corpus
+
+    def document(self, doc_id: str) -> Document:
+        try:
+            return self.require_corpus()[doc_id]
+        except KeyError:
+            raise InputError(self.name, f"document '{doc_id}' is not in the corpus") from None
+
+    @property
+    def fingerprint(self) -> str:
+        """A content hash of the corpus: cache keys for indexes and runs hang on it."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for doc in self.require_corpus().values():
+                digest.update(f"{doc.doc_id}\x1f{doc.title}\x1f{doc.text}\x1e".encode())
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    # newline=None turns CRLF into LF, so BEIR's CRLF qrels read like any other.
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline=None)
+    return open(path, encoding="utf-8", newline=None)
+
+
+def _first_existing(*candidates: Path) -> Path | None:
+    return next((p for p in candidates if p.exists()), None)
+
+
+def _read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[dict]:
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{line_no}", f"not valid JSON ({exc.msg})") from None
+                if not isinstance(record, dict):
+                    raise InputError(f"{path}:{line_no}", "expected a JSON object")
+                missing = [k for k in required if k not in record]
+                if missing:
+                    raise InputError(f"{path}:{line_no}", f"missing field(s) {', '.join(repr(m) for m in missing)}")
+                yield record
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+
+
+def read_beir_corpus(path: Path) -> dict[str, Document]:
+    corpus: dict[str, Document] = {}
+    for record in _read_jsonl(path, ("_id", "text")):
+        doc_id = str(record["_id"])
+        corpus[doc_id] = Document(doc_id, str(record.get("title") or ""), str(record["text"] or ""))
+    if not corpus:
+        raise InputError(path, "empty corpus: no documents")
+    return corpus
+
+
+def read_beir_queries(path: Path) -> dict[str, str]:
+    queries = {str(r["_id"]): str(r["text"]) for r in _read_jsonl(path, ("_id", "text"))}
+    if not queries:
+        raise InputError(path, "no queries")
+    return queries
+
+
+def read_qrels(path: Path) -> Qrels:
+    """BEIR TSV (``query-id corpus-id score``, header optional) or TREC (``qid Q0 docid rel``).
+
+    Whitespace-separated, CRLF tolerated; a wrong column count or a non-integer grade is an
+    error naming the line.
+    """
+    qrels: Qrels = {}
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                if line_no == 1 and fields[0].lower() in {"query-id", "query_id", "qid", "query"}:
+                    continue  # BEIR header
+                if len(fields) == 3:
+                    qid, docid, grade = fields
+                elif len(fields) == 4:
+                    qid, _, docid, grade = fields
+                else:
+                    raise InputError(
+                        f"{path}:{line_no}",
+                        f"expected 3 columns (query-id corpus-id score) or 4 (TREC: qid Q0 docid rel), got {len(fields)}",
+                    )
+                try:
+                    rel = int(grade)
+                except ValueError:
+                    raise InputError(f"{path}:{line_no}", f"relevance '{grade}' is not an integer") from None
+                qrels.setdefault(qid, {})[docid] = rel
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+    if not qrels:
+        raise InputError(path, "no judgements")
+    return qrels
+
+
+def read_trec_topics(path: Path) -> dict[str, str]:
+    """Topics as TSV ``qid<TAB>text`` (Anserini's ``topics.*.txt``/``.tsv`` layout)."""
+    topics: dict[str, str] = {}
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                fields = line.rstrip("\n").split("\t")
+                if len(fields) < 2 or not fields[1].strip():
+                    raise InputError(f"{path}:{line_no}", "expected 'query-id<TAB>query text'")
+                topics[fields[0].strip()] = fields[1].strip()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+    if not topics:
+        raise InputError(path, "no topics")
+    return topics
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def load_beir_directory(path: Path, name: str | None = None) -> Collection:
+    path = Path(path)
+    corpus_file = _first_existing(path / "corpus.jsonl", path / "corpus.jsonl.gz")
+    if corpus_file is None:
+        raise InputError(path, "not a BEIR directory: no corpus.jsonl or corpus.jsonl.gz")
+    queries_file = _first_existing(path / "queries.jsonl", path / "queries.jsonl.gz")
+    if queries_file is None:
+        raise InputError(path, "not a BEIR directory: no queries.jsonl")
+    qrels_files = sorted((path / "qrels").glob("*.tsv")) if (path / "qrels").is_dir() else []
+    if not qrels_files:
+        raise InputError(path, "not a BEIR directory: no qrels/<split>.tsv")
+    return Collection(
+        name=name or path.name,
+        corpus=read_beir_corpus(corpus_file),
+        queries=read_beir_queries(queries_file),
+        qrels={f.stem: read_qrels(f) for f in qrels_files},
+    )
+
+
+def load_trec_files(
+    topics: Path,
+    qrels: Path,
+    *,
+    name: str,
+    split: str = "test",
+    corpus: Mapping[str, Document] | None = None,
+    relevance_level: int = 1,
+) -> Collection:
+    return Collection(
+        name=name,
+        corpus=corpus,
+        queries=read_trec_topics(Path(topics)),
+        qrels={split: read_qrels(Path(qrels))},
+        relevance_level=relevance_level,
+    )
+
+
+def load_trec_directory(path: Path, name: str | None = None) -> Collection:
+    """A directory with one ``topics*`` and one ``qrels*`` file (e.g. trec-dl-2019-doc)."""
+    path = Path(path)
+    topics = sorted(p for p in path.glob("topics*") if p.is_file())
+    qrels = sorted(p for p in path.glob("qrels*") if p.is_file())
+    if len(topics) != 1 or len(qrels) != 1:
+        raise InputError(path, f"expected one topics* and one qrels* file, found {len(topics)} and {len(qrels)}")
+    # TREC-DL grades 0-3 and counts >= 2 as relevant for binary measures (track guidelines).
+    relevance_level = 2 if "dl" in path.name.lower() else 1
+    return load_trec_files(topics[0], qrels[0], name=name or path.name, relevance_level=relevance_level)
+
+
+_KNOWN_SPLITS = ("train", "dev", "validation", "test")
+
+
+class _IrdsDocs(Mapping[str, Document]):
+    """A lazy corpus over an ir_datasets docs store (MS MARCO does not fit in memory)."""
+
+    def __init__(self, dataset, ref: str):
+        self._dataset = dataset
+        self._ref = ref
+        self._store = None
+
+    def _docs_store(self):
+        if self._store is None:
+            self._store = _irds_call(self._ref, self._dataset.docs_store)
+        return self._store
+
+    def __getitem__(self, doc_id: str) -> Document:
+        doc = _irds_call(self._ref, self._docs_store().get, doc_id)
+        if doc is None:
+            raise KeyError(doc_id)
+        return _irds_document(doc)
+
+    def __iter__(self) -> Iterator[str]:
+        for doc in _irds_call(self._ref, self._dataset.docs_iter):
+            yield doc.doc_id
+
+    def __len__(self) -> int:
+        return _irds_call(self._ref, self._dataset.docs_count)
+
+    def values(self):  # type: ignore[override]  # stream documents, not lookups by id
+        for doc in _irds_call(self._ref, self._dataset.docs_iter):
+            yield _irds_document(doc)
+
+
+def _irds_document(doc) -> Document:
+    text = getattr(doc, "text", None) or getattr(doc, "body", None) or ""
+    return Document(doc.doc_id, getattr(doc, "title", "") or "", text)
+
+
+def _irds_call(ref: str, fn: Callable, *args):
+    try:
+        return fn(*args)
+    except InputError:
+        raise
+    except Exception as exc:  # ir_datasets raises many kinds when offline
+        raise InputError(
+            f"ir_datasets:{ref}",
+            f"could not load or download ({type(exc).__name__}: {exc}); offline machines need a local "
+            f"copy under ${'ORCHESTRATE_DATA_DIR'}",
+        ) from None
+
+
+def load_ir_datasets(ref: str) -> Collection:
+    """Load an ir_datasets id; for ids without qrels, their train/dev/test subsets become splits."""
+    try:
+        import ir_datasets
+    except ImportError:
+        raise InputError(f"ir_datasets:{ref}", "the ir_datasets package is not installed") from None
+    try:
+        dataset = ir_datasets.load(ref)
+    except KeyError:
+        raise InputError(ref, "unknown dataset: not a local directory, not under $ORCHESTRATE_DATA_DIR, not an ir_datasets id") from None
+    subsets: dict[str, object] = {}
+    if dataset.has_qrels():
+        last = ref.rsplit("/", 1)[-1]
+        subsets[last if last in _KNOWN_SPLITS else "test"] = dataset
+    else:
+        for split in _KNOWN_SPLITS:
+            try:
+                subsets[split] = ir_datasets.load(f"{ref}/{split}")
+            except KeyError:
+                continue
+    if not subsets:
+        raise InputError(f"ir_datasets:{ref}", "has no relevance judgements in any split")
+    queries: dict[str, str] = {}
+    qrels: dict[str, Qrels] = {}
+    for split, subset in subsets.items():
+        for query in _irds_call(ref, subset.queries_iter):
+            queries[query.query_id] = getattr(query, "text", None) or getattr(query, "title", "")
+        split_qrels: Qrels = {}
+        for qrel in _irds_call(ref, subset.qrels_iter):
+            split_qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
+        qrels[split] = split_qrels
+    corpus = _IrdsDocs(dataset, ref) if dataset.has_docs() else None
+    relevance_level = 2 if "trec-dl" in ref else 1
+    return Collection(name=ref, corpus=corpus, queries=queries, qrels=qrels, relevance_level=relevance_level)
+
+
+def resolve_collection(ref: str) -> Collection:
+    """Resolve a reference: a local directory, ``$ORCHESTRATE_DATA_DIR/<name>``, else ir_datasets."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return _load_directory(path, ref)
+    root = data_dir()
+    if root is not None:
+        local_name = ref.removeprefix("beir/")
+        local = root / local_name
+        if local.is_dir():
+            return _load_directory(local, ref)
+    if ref.startswith(("/", ".", "~")):
+        raise InputError(ref, "no such directory")
+    return load_ir_datasets(ref)
+
+
+def _load_directory(path: Path, name: str) -> Collection:
+    if _first_existing(path / "corpus.jsonl", path / "corpus.jsonl.gz"):
+        return load_beir_directory(path, name)
+    if any(path.glob("topics*")) and any(path.glob("qrels*")):
+        return load_trec_directory(path, name)
+    raise InputError(path, "neither a BEIR directory (corpus.jsonl, queries.jsonl, qrels/) nor TREC topics and qrels")

@@ -1,0 +1,16 @@
+"""Errors that mean "the input is wrong", as opposed to a bug.
+
+The CLI turns an :class:`InputError` into one line on stderr and exit code 2.
+"""
+
+
+class InputError(Exception):
+    """Bad user input: a malformed file, an unknown name, a missing index.
+
+    The message names the file (or reference) and the problem on one line.
+    """
+
+    def __init__(self, source: str, problem: str):
+        self.source = str(source)
+        self.problem = problem
+        super().__init__(f"{self.source}: {problem}")

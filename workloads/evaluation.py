@@ -1,0 +1,63 @@
+"""Evaluation with ir_measures (trec_eval-equivalent: pytrec_eval underneath).
+
+nDCG uses the graded judgements as gains. Binary measures (AP, RR, P) count a document as
+relevant when its grade is >= the collection's ``relevance_level`` (1 for BEIR, 2 for
+TREC-DL, as trec_eval's ``-l``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ir_measures
+
+from workloads.collections import Qrels
+
+Run = dict[str, dict[str, float]]
+
+# Our metric name -> ir_measures measure (filled with the relevance level at call time).
+MEASURES: dict[str, str] = {
+    "ndcg_at_10": "nDCG@10",
+    "ndcg_at_20": "nDCG@20",
+    "rr_at_10": "RR(rel={rel})@10",
+    "rr_at_100": "RR(rel={rel})@100",
+    "ap": "AP(rel={rel})",
+    "map_at_20": "AP(rel={rel})@20",
+    "p_at_1": "P(rel={rel})@1",
+}
+PRIMARY_METRIC = "ndcg_at_10"
+DISPLAY_NAMES = {
+    "ndcg_at_10": "nDCG@10", "ndcg_at_20": "nDCG@20", "rr_at_10": "RR@10", "rr_at_100": "RR@100",
+    "ap": "AP", "map_at_20": "MAP@20", "p_at_1": "P@1",
+}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Aggregates (mean over the judged queries) and the per-query values behind them."""
+
+    aggregate: dict[str, float]
+    per_query: dict[str, dict[str, float]]  # metric -> query id -> value
+    relevance_level: int
+    num_queries: int
+
+
+def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = tuple(MEASURES)) -> Evaluation:
+    """Score ``run`` against ``qrels``; queries judged but absent from the run score 0.
+
+    Queries without any judgement are ignored (trec_eval's default); queries judged but
+    with no retrieved document count as 0, so a run that drops queries cannot look better.
+    """
+    parsed = {name: ir_measures.parse_measure(MEASURES[name].format(rel=relevance_level)) for name in metrics}
+    by_measure = {measure: name for name, measure in parsed.items()}
+    per_query: dict[str, dict[str, float]] = {name: {qid: 0.0 for qid in qrels} for name in metrics}
+    judged_run = {qid: docs for qid, docs in run.items() if qid in qrels}
+    for metric in ir_measures.iter_calc(list(parsed.values()), qrels, judged_run):
+        per_query[by_measure[metric.measure]][metric.query_id] = float(metric.value)
+    n = len(qrels)
+    aggregate = {name: (sum(values.values()) / n if n else 0.0) for name, values in per_query.items()}
+    return Evaluation(aggregate=aggregate, per_query=per_query, relevance_level=relevance_level, num_queries=n)
+
+
+def format_metrics(aggregate: dict[str, float]) -> str:
+    return "  ".join(f"{DISPLAY_NAMES.get(k, k)} {v:.4f}" for k, v in aggregate.items())

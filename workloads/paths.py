@@ -1,0 +1,60 @@
+"""Where the project reads data from and caches what it computes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+DATA_DIR_ENV = "ORCHESTRATE_DATA_DIR"
+CACHE_DIR_ENV = "ORCHESTRATE_CACHE_DIR"
+
+
+def data_dir() -> Path | None:
+    value = os.environ.get(DATA_DIR_ENV)
+    return Path(value).expanduser().resolve() if value else None
+
+
+def cache_dir() -> Path:
+    """Cache for indexes, runs and training sets; shared storage on a cluster."""
+    value = os.environ.get(CACHE_DIR_ENV)
+    path = Path(value).expanduser() if value else Path.cwd() / ".orchestrate" / "cache"
+    path = path.resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def stable_key(*parts: object) -> str:
+    """A short content key for cache entries (same inputs -> same key, across machines)."""
+    digest = hashlib.sha256("\x1f".join(repr(p) for p in parts).encode()).hexdigest()
+    return digest[:16]
+
+
+@contextmanager
+def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary sibling path and rename it onto ``final`` only on success.
+
+    A crash or an error leaves nothing half-written where readers look.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent)) / ("out" + suffix)
+    try:
+        yield tmp
+        os.replace(tmp, final) if tmp.is_file() else _replace_dir(tmp, final)
+    finally:
+        _rmtree_quiet(tmp.parent)
+
+
+def _replace_dir(src: Path, final: Path) -> None:
+    if final.exists():
+        _rmtree_quiet(final)
+    os.replace(src, final)
+
+
+def _rmtree_quiet(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

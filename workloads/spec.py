@@ -1,0 +1,121 @@
+"""The typed trial spec: what the orchestrator hands a workload.
+
+Validated at the edge (``orchestrator.config`` loads YAML into these models); inside the
+data plane every field is already checked. Unknown keys are errors, not ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSpec(_Strict):
+    collection: str = Field(description="collection reference: beir/<name>, a directory, or an ir_datasets id")
+    train_split: str = "train"
+    validation_split: str | None = Field(
+        default=None, description="a split of the collection; None carves validation queries from train_split"
+    )
+    validation_queries: int = Field(default=50, ge=5, description="queries carved from train_split when no validation split")
+    test_split: str = "test"
+    test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
+
+
+class FirstStageSpec(_Strict):
+    method: Literal["bm25"] = "bm25"
+    k1: float = Field(default=0.9, gt=0)
+    b: float = Field(default=0.4, ge=0, le=1)
+    train_depth: int = Field(default=100, ge=2, description="top-k of training queries that negatives are drawn from")
+    validation_depth: int = Field(default=100, ge=1, description="top-k re-ranked for validation")
+    test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (METHODS: 100)")
+
+
+class TrainingDataSpec(_Strict):
+    size: int | Literal["full"] = Field(default=1_000, description="query-document pairs: N/2 triples (AUG section 6.3)")
+    seed: int = 13
+
+    @model_validator(mode="after")
+    def _even(self) -> "TrainingDataSpec":
+        if self.size != "full" and (self.size < 2 or self.size % 2):
+            raise ValueError(f"size must be an even number of pairs >= 2 or 'full', got {self.size}")
+        return self
+
+
+class ModelSpec(_Strict):
+    name: str = Field(description="a Hugging Face id, a local path, or an alias such as minilm-l6")
+    max_length: int = Field(default=512, ge=16, le=8192, description="tokens of [CLS] q [SEP] d [SEP]; documents truncated (FirstP)")
+
+
+class LossSpec(_Strict):
+    ranking: Literal["pointwise", "pairwise", "mhl"] = "pointwise"
+    margin: float = Field(default=1.0, gt=0, description="hinge margin of pairwise and mhl")
+
+
+class OptimizationSpec(_Strict):
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=16, ge=2, description="query-document pairs per step, before augmentation")
+    learning_rate: float = Field(default=1e-4, gt=0, lt=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        default="auto", description="auto: bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU"
+    )
+    eval_batch_size: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _even_batch(self) -> "OptimizationSpec":
+        if self.batch_size % 2:
+            raise ValueError(f"batch_size counts pairs and holds whole (positive, negative) triples: must be even, got {self.batch_size}")
+        return self
+
+
+class ResourcesSpec(_Strict):
+    workers: int = Field(default=1, ge=1, description="Ray Train workers (data-parallel)")
+    cpus_per_worker: float = Field(default=1, gt=0)
+    use_gpu: bool | Literal["auto"] = "auto"
+    max_failures: int = Field(default=1, ge=0, description="worker-group restarts from the last checkpoint")
+
+
+class TrialSpec(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 13
+    data: DataSpec
+    first_stage: FirstStageSpec = FirstStageSpec()
+    training_data: TrainingDataSpec = TrainingDataSpec()
+    model: ModelSpec
+    loss: LossSpec = LossSpec()
+    optimization: OptimizationSpec = OptimizationSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+
+    def axes(self) -> dict[str, str]:
+        """The grid coordinates of this trial (MLflow tags)."""
+        return {
+            "model": self.model.name,
+            "loss": self.loss.ranking,
+            "augmentation": "none",
+            "size": str(self.training_data.size),
+            "seed": str(self.seed),
+            "collection": self.data.collection,
+        }
+
+    def flat_params(self) -> dict[str, str]:
+        """Every resolved field as ``section.key -> value`` (MLflow params)."""
+        out: dict[str, str] = {}
+
+        def walk(prefix: str, value) -> None:
+            if isinstance(value, dict):
+                for key, inner in value.items():
+                    walk(f"{prefix}.{key}" if prefix else key, inner)
+            else:
+                out[prefix] = str(value)
+
+        walk("", self.model_dump(mode="json"))
+        return out

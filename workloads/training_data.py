@@ -1,0 +1,164 @@
+"""Training sets of fixed size from first-stage candidates (METHODS section 4; AUG 4.3, 6.3).
+
+For every training query, every judged-relevant document found in the first-stage top-k is
+paired with one non-relevant document drawn uniformly from the same query's retrieved,
+non-relevant documents; the triples are shuffled. A set of **size N counts query-document
+pairs**: N/2 triples. Sets are deterministic per seed and nested (the 1k set is the first
+half of the 2k set for the same seed), stored once as Parquet and reused by every trial
+that asks for the same (collection, split, queries, k, size, seed).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from workloads.collections import Collection, Qrels
+from workloads.errors import InputError
+from workloads.paths import atomic_path, cache_dir, stable_key
+
+Run = dict[str, dict[str, float]]
+
+# Validation queries are carved with a fixed seed, independent of the trial seed, so every
+# trial of a study selects models on the same queries and never trains on them.
+VALIDATION_CARVE_SEED = 20231126
+
+
+@dataclass(frozen=True)
+class Triple:
+    query_id: str
+    positive_id: str
+    negative_id: str
+
+
+@dataclass(frozen=True)
+class TripleStats:
+    queries: int
+    positives_judged: int
+    positives_retrieved: int
+    queries_without_negative: int
+    triples: int
+
+
+def carve_validation_queries(query_ids: list[str], count: int, source: str) -> tuple[list[str], list[str]]:
+    """Split ``query_ids`` into (train, validation) deterministically; validation has ``count``."""
+    ordered = sorted(query_ids)
+    if count >= len(ordered):
+        raise InputError(source, f"cannot carve {count} validation queries from {len(ordered)} training queries")
+    validation = set(random.Random(VALIDATION_CARVE_SEED).sample(ordered, count))
+    return [q for q in ordered if q not in validation], sorted(validation)
+
+
+def ranked(docs: dict[str, float]) -> list[str]:
+    return [d for d, _ in sorted(docs.items(), key=lambda item: (-item[1], item[0]))]
+
+
+def sample_triples(
+    run: Run, qrels: Qrels, query_ids: list[str], relevance_level: int, depth: int, seed: int
+) -> tuple[list[Triple], TripleStats]:
+    """All (q, d+, d-) triples from the top-``depth`` of ``run``, shuffled by ``seed``."""
+    rng = random.Random(seed)
+    triples: list[Triple] = []
+    judged = retrieved = no_negative = 0
+    for qid in sorted(query_ids):
+        grades = qrels.get(qid, {})
+        judged += sum(1 for g in grades.values() if g >= relevance_level)
+        top = ranked(run.get(qid, {}))[:depth]
+        positives = [d for d in top if grades.get(d, 0) >= relevance_level]
+        negatives = [d for d in top if grades.get(d, 0) < relevance_level]
+        retrieved += len(positives)
+        if positives and not negatives:
+            no_negative += 1
+            continue
+        for pos in positives:
+            triples.append(Triple(qid, pos, rng.choice(negatives)))
+    rng.shuffle(triples)
+    stats = TripleStats(len(query_ids), judged, retrieved, no_negative, len(triples))
+    return triples, stats
+
+
+def select_size(triples: list[Triple], size: int | str, source: str) -> list[Triple]:
+    if size == "full":
+        return triples
+    needed = int(size) // 2
+    if needed > len(triples):
+        raise InputError(
+            source,
+            f"training size {size} needs {needed} triples but the first stage yields only {len(triples)} "
+            f"({2 * len(triples)} pairs): choose a smaller size or 'full'",
+        )
+    return triples[:needed]
+
+
+TRAINING_SCHEMA = pa.schema([
+    ("query_id", pa.string()), ("query", pa.string()),
+    ("positive_id", pa.string()), ("positive", pa.string()),
+    ("negative_id", pa.string()), ("negative", pa.string()),
+])
+
+
+def build_training_set(
+    collection: Collection,
+    split: str,
+    query_ids: list[str],
+    run: Run,
+    run_key: str,
+    depth: int,
+    size: int | str,
+    seed: int,
+) -> tuple[Path, TripleStats]:
+    """The Parquet training set for these inputs, built once and then reused."""
+    key = stable_key(collection.fingerprint, split, sorted(query_ids), run_key, depth, size, seed)
+    path = cache_dir() / "training" / f"{collection.name.replace('/', '_')}-{split}-{size}-s{seed}-{key}.parquet"
+    qrels = collection.split_qrels(split)
+    triples, stats = sample_triples(run, qrels, query_ids, collection.relevance_level, depth, seed)
+    chosen = select_size(triples, size, f"{collection.name} {split}")
+    if path.exists():
+        return path, stats
+    print(f"[data] training set: {len(chosen)} triples ({2 * len(chosen)} pairs) from {stats.triples} available -> {path}",
+          file=sys.stderr, flush=True)
+    table = pa.Table.from_pylist(
+        [
+            {
+                "query_id": t.query_id, "query": collection.queries[t.query_id],
+                "positive_id": t.positive_id, "positive": collection.document(t.positive_id).contents,
+                "negative_id": t.negative_id, "negative": collection.document(t.negative_id).contents,
+            }
+            for t in chosen
+        ],
+        schema=TRAINING_SCHEMA,
+    )
+    with atomic_path(path, ".parquet") as tmp:
+        pq.write_table(table, tmp)
+    return path, stats
+
+
+CANDIDATE_SCHEMA = pa.schema([
+    ("query_id", pa.string()), ("query", pa.string()), ("doc_id", pa.string()), ("doc", pa.string()),
+    ("first_stage_rank", pa.int32()), ("first_stage_score", pa.float64()),
+])
+
+
+def build_candidates(collection: Collection, queries: dict[str, str], run: Run, run_key: str, depth: int) -> Path:
+    """The top-``depth`` first-stage candidates of ``queries`` with their texts, for re-ranking."""
+    key = stable_key(collection.fingerprint, sorted(queries), run_key, depth)
+    path = cache_dir() / "candidates" / f"{collection.name.replace('/', '_')}-top{depth}-{key}.parquet"
+    if path.exists():
+        return path
+    rows = []
+    for qid in sorted(queries):
+        docs = run.get(qid, {})
+        for rank, doc_id in enumerate(ranked(docs)[:depth], 1):
+            rows.append({
+                "query_id": qid, "query": queries[qid], "doc_id": doc_id,
+                "doc": collection.document(doc_id).contents, "first_stage_rank": rank,
+                "first_stage_score": docs[doc_id],
+            })
+    with atomic_path(path, ".parquet") as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=CANDIDATE_SCHEMA), tmp)
+    return path

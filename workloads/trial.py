@@ -1,0 +1,133 @@
+"""One re-ranking trial: prepare its data, train (per worker), evaluate a checkpoint on test.
+
+The orchestrator calls :func:`prepare_trial` on the driver, runs
+:func:`workloads.training.train_cross_encoder` in Ray Train workers and
+:func:`evaluate_checkpoint` for the chosen epoch. :func:`run_trial_in_process` strings the
+same pieces together without Ray, for tests and debugging.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from workloads.collections import Collection, Qrels, resolve_collection
+from workloads.evaluation import Evaluation, evaluate
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.reranking import rerank_and_evaluate
+from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieve
+from workloads.spec import TrialSpec
+from workloads.training import TrainingInputs, train_cross_encoder
+from workloads.training_data import build_candidates, build_training_set, carve_validation_queries
+
+BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
+
+
+@dataclass(frozen=True)
+class PreparedTrial:
+    training: TrainingInputs
+    test_candidates: str
+    test_first_stage_run: str
+    test_qrels: Qrels
+    test_relevance_level: int
+    first_stage_validation: dict[str, float]
+    first_stage_test: Evaluation
+    data_stats: dict[str, int] = field(default_factory=dict)
+
+
+def _first_stage(collection: Collection, queries: dict[str, str], k: int, spec: TrialSpec):
+    params = BM25Params(k1=spec.first_stage.k1, b=spec.first_stage.b)
+    run, path = retrieve(collection, queries, k=k, params=params)
+    return run, path, path.stem
+
+
+def prepare_trial(spec: TrialSpec) -> PreparedTrial:
+    """Everything a trial's workers read, computed once and cached by content."""
+    fs = spec.first_stage
+    collection = resolve_collection(spec.data.collection)
+    train_queries = collection.split_queries(spec.data.train_split)
+    if spec.data.validation_split:
+        validation_queries = collection.split_queries(spec.data.validation_split)
+        validation_qrels = collection.split_qrels(spec.data.validation_split)
+        train_ids = list(train_queries)
+    else:
+        train_ids, validation_ids = carve_validation_queries(
+            list(train_queries), spec.data.validation_queries, f"{collection.name} {spec.data.train_split}")
+        validation_queries = {q: train_queries[q] for q in validation_ids}
+        train_qrels = collection.split_qrels(spec.data.train_split)
+        validation_qrels = {q: train_qrels[q] for q in validation_ids}
+
+    train_run, _, train_run_key = _first_stage(collection, {q: train_queries[q] for q in train_ids}, fs.train_depth, spec)
+    training_set, stats = build_training_set(
+        collection, spec.data.train_split, train_ids, train_run, train_run_key, fs.train_depth,
+        spec.training_data.size, spec.training_data.seed)
+
+    validation_run, validation_run_path, validation_key = _first_stage(collection, validation_queries, BASELINE_DEPTH, spec)
+    validation_candidates = build_candidates(collection, validation_queries, validation_run, validation_key, fs.validation_depth)
+    first_stage_validation = evaluate(validation_run, validation_qrels, collection.relevance_level).aggregate
+
+    test_collection = resolve_collection(spec.data.test_collection) if spec.data.test_collection else collection
+    test_queries = test_collection.split_queries(spec.data.test_split)
+    test_run, test_run_path, test_key = _first_stage(test_collection, test_queries, BASELINE_DEPTH, spec)
+    test_candidates = build_candidates(test_collection, test_queries, test_run, test_key, fs.test_depth)
+    test_qrels = test_collection.split_qrels(spec.data.test_split)
+
+    return PreparedTrial(
+        training=TrainingInputs(
+            training_set=str(training_set),
+            validation_candidates=str(validation_candidates),
+            validation_first_stage_run=str(validation_run_path),
+            validation_qrels=validation_qrels,
+            relevance_level=collection.relevance_level,
+        ),
+        test_candidates=str(test_candidates),
+        test_first_stage_run=str(test_run_path),
+        test_qrels=test_qrels,
+        test_relevance_level=test_collection.relevance_level,
+        first_stage_validation=first_stage_validation,
+        first_stage_test=evaluate(test_run, test_qrels, test_collection.relevance_level),
+        data_stats={"train_queries": len(train_ids), "validation_queries": len(validation_queries),
+                    "test_queries": len(test_queries), **{f"triples_{k}": v for k, v in asdict(stats).items()}},
+    )
+
+
+def evaluate_checkpoint(
+    checkpoint: Path, prepared: PreparedTrial, spec: TrialSpec, device: torch.device | None = None
+) -> tuple[Evaluation, dict[str, dict[str, float]]]:
+    """Re-rank the test candidates with a trained checkpoint; returns the evaluation and the run."""
+    device = device or torch.device("cpu")
+    model = CrossEncoder.from_pretrained(str(checkpoint), spec.model.max_length).to(device)
+    return rerank_and_evaluate(
+        model, Path(prepared.test_candidates), read_trec_run(Path(prepared.test_first_stage_run)),
+        prepared.test_qrels, prepared.test_relevance_level, spec.optimization.eval_batch_size, device, label="test")
+
+
+@dataclass
+class EpochRecord:
+    metrics: dict[str, float]
+    checkpoint: Path | None
+
+
+def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[PreparedTrial, list[EpochRecord], Evaluation]:
+    """Prepare, train on one process and test the best epoch: the trial without Ray."""
+    prepared = prepare_trial(spec)
+    records: list[EpochRecord] = []
+
+    def keep(metrics: dict[str, float], checkpoint: Path | None) -> None:
+        final = None
+        if checkpoint is not None:
+            final = checkpoint_root / f"epoch-{int(metrics['epoch'])}"
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(checkpoint), final)
+        records.append(EpochRecord(dict(metrics), final))
+
+    started = time.perf_counter()
+    train_cross_encoder(spec, prepared.training, keep)
+    best = max(records, key=lambda r: r.metrics["val_ndcg_at_10"])
+    evaluation, _ = evaluate_checkpoint(best.checkpoint, prepared, spec)
+    best.metrics["trial_seconds"] = time.perf_counter() - started
+    return prepared, records, evaluation
