@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
 
@@ -41,11 +41,12 @@ class TrainingDataSpec(_Strict):
     size: int | Literal["full"] = Field(default=1_000, description="query-document pairs: N/2 triples (AUG section 6.3)")
     seed: int = 13
 
-    @model_validator(mode="after")
-    def _even(self) -> "TrainingDataSpec":
-        if self.size != "full" and (self.size < 2 or self.size % 2):
-            raise ValueError(f"size must be an even number of pairs >= 2 or 'full', got {self.size}")
-        return self
+    @field_validator("size")
+    @classmethod
+    def _even(cls, size: int | str) -> int | str:
+        if size != "full" and (size < 2 or size % 2):
+            raise ValueError(f"size must be an even number of pairs >= 2 or 'full', got {size}")
+        return size
 
 
 class ModelSpec(_Strict):
@@ -70,11 +71,12 @@ class OptimizationSpec(_Strict):
     )
     eval_batch_size: int = Field(default=64, ge=1)
 
-    @model_validator(mode="after")
-    def _even_batch(self) -> "OptimizationSpec":
-        if self.batch_size % 2:
-            raise ValueError(f"batch_size counts pairs and holds whole (positive, negative) triples: must be even, got {self.batch_size}")
-        return self
+    @field_validator("batch_size")
+    @classmethod
+    def _even_batch(cls, batch_size: int) -> int:
+        if batch_size % 2:
+            raise ValueError(f"batch_size counts pairs and holds whole (positive, negative) triples: must be even, got {batch_size}")
+        return batch_size
 
 
 class ResourcesSpec(_Strict):

@@ -24,7 +24,9 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokeniz
 
 from workloads.errors import InputError
 
-transformers.logging.disable_progress_bar()  # per-shard bars drown the trial's own progress lines
+# Per-shard progress bars and load reports (the unused pooler we drop) drown the trial's own progress.
+transformers.logging.disable_progress_bar()
+transformers.logging.set_verbosity_error()
 
 HEAD_FILE = "score_head.safetensors"
 POOLER_MODEL_TYPES = {"bert", "roberta", "xlm-roberta"}

@@ -1,0 +1,23 @@
+# The two commands of README.md: `make demo` (the main job) and `make test` (the suite).
+# Both install the pinned environment into .venv first (once; again when pyproject changes).
+VENV := .venv
+PYTHON ?= python3
+export ORCHESTRATE_DATA_DIR ?= $(abspath ../shared/data)
+export HF_HUB_OFFLINE := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: install demo test
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/orchestrate run search_spaces/trial-scifact.yaml
+
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q

@@ -1,0 +1,99 @@
+"""``orchestrate run``: one trial end to end, tracked as one MLflow run.
+
+prepare data (driver, cached) -> train as Ray Train workers -> pick the best epoch by
+validation nDCG@10 -> re-rank test with it (Ray task) -> log everything from the driver.
+A trial whose finished MLflow run exists is not recomputed: its results are read back.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.execution import VALIDATION_METRIC, evaluate_on_ray, init_ray, train_on_ray
+from orchestrator.tracking import Tracker
+from workloads.paths import stable_key
+from workloads.retrieval.bm25 import write_trec_run
+from workloads.spec import TrialSpec
+from workloads.trial import prepare_trial
+
+EXPERIMENT_PREFIX = "trial"
+
+
+def trial_key(spec: TrialSpec) -> str:
+    """Identity of a trial's result: everything that changes it (resources do not)."""
+    return stable_key(spec.model_dump_json(exclude={"resources"}))
+
+
+@dataclass
+class TrialReport:
+    run_id: str
+    reused: bool
+    best_epoch: int
+    metrics: dict[str, float]  # bm25_val_*, val_* (best epoch), bm25_test_*, test_*, timings
+
+
+def _log(message: str) -> None:
+    print(f"[run] {message}", file=sys.stderr, flush=True)
+
+
+def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address: str | None = None, force: bool = False) -> TrialReport:
+    key = trial_key(spec)
+    experiment_id = tracker.experiment_id(f"{EXPERIMENT_PREFIX}-{spec.name}")
+    finished = tracker.find_run(experiment_id, key, status="FINISHED")
+    if finished is not None and not force:
+        _log(f"trial {key} already finished in MLflow run {finished.info.run_id}: reusing its results (--force reruns)")
+        metrics = dict(finished.data.metrics)
+        return TrialReport(finished.info.run_id, True, int(metrics.get("best_epoch", 0)), metrics)
+
+    started = time.perf_counter()
+    _log(f"preparing data for trial {spec.name} ({key})")
+    prepared = prepare_trial(spec)
+    prepare_seconds = time.perf_counter() - started
+
+    run_id = tracker.start_trial_run(experiment_id, spec.name, key, spec.flat_params(), spec.axes())
+    try:
+        tracker.log_metrics(run_id, {f"bm25_val_{k}": v for k, v in prepared.first_stage_validation.items()})
+        tracker.log_evaluation(run_id, "bm25_test_", prepared.first_stage_test)
+        tracker.log_json(run_id, "", "data_stats.json", prepared.data_stats)
+        tracker.log_json(run_id, "", "config.json", spec.model_dump(mode="json"))
+
+        init_ray(ray_address)
+        train_started = time.perf_counter()
+        epochs = train_on_ray(spec, prepared.training, storage_path, f"{spec.name}-{key}")
+        train_wall = time.perf_counter() - train_started
+        for epoch in epochs:
+            tracker.log_metrics(run_id, epoch.metrics, step=int(epoch.metrics["epoch"]))
+        best = max(epochs, key=lambda e: e.metrics[VALIDATION_METRIC])
+        best_epoch = int(best.metrics["epoch"])
+        _log(f"best epoch {best_epoch} ({VALIDATION_METRIC} {best.metrics[VALIDATION_METRIC]:.4f}); testing {best.checkpoint}")
+
+        test_started = time.perf_counter()
+        evaluation, test_run = evaluate_on_ray(spec, prepared, best.checkpoint)
+        tracker.log_evaluation(run_id, "test_", evaluation)
+        with tempfile.TemporaryDirectory() as tmp:
+            reranked = Path(tmp) / "test.reranked.trec"
+            write_trec_run(test_run, reranked, tag=f"rerank-lab.{spec.name}")
+            tracker.log_file(run_id, reranked, "runs")
+        tracker.log_file(run_id, Path(prepared.test_first_stage_run), "runs")
+
+        seconds_per_epoch = sum(e.metrics["epoch_train_seconds"] for e in epochs) / len(epochs)
+        timings = {
+            "best_epoch": best_epoch,
+            "prepare_seconds": prepare_seconds,
+            "train_wall_seconds": train_wall,
+            "train_seconds_per_epoch": seconds_per_epoch,
+            "test_seconds": time.perf_counter() - test_started,
+            "trial_seconds": time.perf_counter() - started,
+        }
+        tracker.log_metrics(run_id, timings)
+        tracker.log_metrics(run_id, {f"best_{k}": v for k, v in best.metrics.items() if k.startswith("val_")})
+        tracker.set_tags(run_id, {"best_checkpoint": best.checkpoint})
+        tracker.finish(run_id, "FINISHED")
+    except BaseException:
+        tracker.finish(run_id, "FAILED")  # partial results are never reported as complete
+        raise
+    return TrialReport(run_id, False, best_epoch, tracker.run_metrics(run_id))

@@ -1,0 +1,85 @@
+"""Size-N training sets: counts, determinism, nesting, validation carving."""
+
+import pyarrow.parquet as pq
+import pytest
+
+from workloads.collections import resolve_collection
+from workloads.errors import InputError
+from workloads.retrieval.bm25 import retrieve
+from workloads.training_data import build_training_set, carve_validation_queries, sample_triples, select_size
+
+RUN = {
+    "q1": {"p1": 9.0, "n1": 8.0, "n2": 7.0, "p2": 6.0, "n3": 5.0},
+    "q2": {"n4": 3.0, "p3": 2.0},
+    "q3": {"p4": 1.0},  # no negative retrieved: skipped and counted
+    "q4": {"n5": 1.0},  # no positive retrieved
+}
+QRELS = {"q1": {"p1": 1, "p2": 2, "n1": 0}, "q2": {"p3": 1, "p9": 1}, "q3": {"p4": 1}, "q4": {"p5": 1}}
+
+
+def test_one_uniform_negative_per_retrieved_positive():
+    triples, stats = sample_triples(RUN, QRELS, ["q1", "q2", "q3", "q4"], relevance_level=1, depth=5, seed=0)
+    assert sorted((t.query_id, t.positive_id) for t in triples) == [("q1", "p1"), ("q1", "p2"), ("q2", "p3")]
+    for t in triples:
+        assert QRELS[t.query_id].get(t.negative_id, 0) < 1 and t.negative_id in RUN[t.query_id]
+    assert (stats.positives_judged, stats.positives_retrieved, stats.queries_without_negative, stats.triples) == (6, 4, 1, 3)
+
+
+def test_depth_and_relevance_level_limit_candidates():
+    triples, _ = sample_triples(RUN, QRELS, ["q1"], relevance_level=1, depth=3, seed=0)
+    assert [t.positive_id for t in triples] == ["p1"]  # p2 is at rank 4
+    assert {t.negative_id for t in triples} <= {"n1", "n2"}
+    graded, _ = sample_triples(RUN, QRELS, ["q1"], relevance_level=2, depth=5, seed=0)
+    assert [t.positive_id for t in graded] == ["p2"]  # p1 has grade 1 < 2 and becomes a negative candidate
+
+
+def test_negatives_are_uniform_over_retrieved_non_relevant():
+    counts = {"n1": 0, "n2": 0, "p2": 0, "n3": 0}
+    for seed in range(600):
+        triples, _ = sample_triples({"q": RUN["q1"]}, {"q": {"p1": 1}}, ["q"], 1, 5, seed)
+        counts[triples[0].negative_id] += 1
+    # p2 is unjudged here, so it is a negative candidate too: 4 candidates, ~150 each
+    assert all(100 < c < 200 for c in counts.values()), counts
+
+
+def test_select_size_counts_pairs_and_refuses_too_large():
+    triples, _ = sample_triples(RUN, QRELS, list(QRELS), 1, 5, 0)
+    assert len(select_size(triples, 2, "x")) == 1
+    assert len(select_size(triples, "full", "x")) == 3
+    with pytest.raises(InputError, match="size 100 needs 50 triples but the first stage yields only 3"):
+        select_size(triples, 100, "x")
+
+
+def test_validation_carving_is_deterministic_and_disjoint():
+    ids = [f"q{i}" for i in range(100)]
+    train, validation = carve_validation_queries(ids, 10, "x")
+    assert len(validation) == 10 and not set(train) & set(validation) and len(train) == 90
+    assert carve_validation_queries(list(reversed(ids)), 10, "x") == (train, validation)
+    with pytest.raises(InputError, match="cannot carve 100 validation queries from 100"):
+        carve_validation_queries(ids, 100, "x")
+
+
+def test_scifact_size_n_sets_real(scifact_dir):
+    collection = resolve_collection(str(scifact_dir))
+    train_ids, _ = carve_validation_queries(list(collection.split_queries("train")), 50, "x")
+    queries = collection.split_queries("train")
+    run, run_path = retrieve(collection, {q: queries[q] for q in train_ids}, k=100)
+    sets = {}
+    for size, seed in [(100, 1), (1000, 1), (1000, 1), (1000, 2)]:
+        path, stats = build_training_set(collection, "train", train_ids, run, run_path.stem, 100, size, seed)
+        sets[(size, seed)] = (path, pq.read_table(path).to_pylist())
+    assert len(sets[(100, 1)][1]) == 50 and len(sets[(1000, 1)][1]) == 500  # N counts pairs: N/2 triples
+    assert sets[(1000, 1)][1][:50] == sets[(100, 1)][1]  # nested for the same seed
+    assert sets[(1000, 1)][1] != sets[(1000, 2)][1]  # another seed, another sample
+    rows = sets[(1000, 1)][1]
+    qrels = collection.split_qrels("train")
+    for row in rows:
+        assert qrels[row["query_id"]].get(row["positive_id"], 0) >= 1
+        assert qrels[row["query_id"]].get(row["negative_id"], 0) < 1
+        assert row["query_id"] in train_ids
+        assert row["positive"] == collection.document(row["positive_id"]).contents
+    # stored once and reused: asking again returns the same file untouched
+    path = sets[(1000, 1)][0]
+    before = path.stat().st_mtime_ns
+    again, _ = build_training_set(collection, "train", train_ids, run, run_path.stem, 100, 1000, 1)
+    assert again == path and path.stat().st_mtime_ns == before

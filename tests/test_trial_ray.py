@@ -1,0 +1,94 @@
+"""`orchestrate run` end to end on real SciFact data with a tiny random BERT:
+prepare -> Ray Train (2 data-parallel workers) -> best epoch -> test -> MLflow."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
+    work = tmp_path_factory.mktemp("trial")
+    config = {
+        "name": "tiny-scifact",
+        "data": {"collection": "beir/scifact", "validation_queries": 10},
+        "first_stage": {"train_depth": 20, "validation_depth": 10, "test_depth": 5},
+        "training_data": {"size": 64, "seed": 3},
+        "model": {"name": str(tiny_model_dir), "max_length": 128},
+        "optimization": {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3},
+        "resources": {"workers": 2, "cpus_per_worker": 1},
+    }
+    path = work / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+
+    def orchestrate(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--json", "--tracking-uri", uri,
+             "--storage", str(work / "ray"), *extra],
+            capture_output=True, text=True, cwd=work, env=dict(os.environ), timeout=900,
+        )
+
+    first = orchestrate()
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = orchestrate()
+    assert second.returncode == 0, second.stderr[-3000:]
+    return work, uri, json.loads(first.stdout), json.loads(second.stdout)
+
+
+def test_reports_validation_and_test_next_to_bm25(trial_run):
+    _, _, report, _ = trial_run
+    assert report["test"]["bm25"]["ndcg_at_10"] == pytest.approx(0.6789, abs=0.002)
+    assert 0.0 <= report["test"]["model"]["ndcg_at_10"] <= 1.0
+    assert set(report["validation"]["model"]) >= {"ndcg_at_10", "rr_at_10", "ap", "p_at_1"}
+    assert report["best_epoch"] in (1, 2) and report["timings"]["train_seconds_per_epoch"] > 0
+
+
+def test_mlflow_run_holds_config_axes_epochs_metrics_and_artifacts(trial_run):
+    from mlflow.tracking import MlflowClient
+
+    _, uri, report, _ = trial_run
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("trial-tiny-scifact")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_id == report["mlflow_run_id"] and run.info.status == "FINISHED"
+    assert run.data.params["loss.ranking"] == "pointwise" and run.data.params["training_data.size"] == "64"
+    assert run.data.tags["size"] == "64" and run.data.tags["loss"] == "pointwise"
+    history = client.get_metric_history(run.info.run_id, "val_ndcg_at_10")
+    assert sorted(m.step for m in history) == [1, 2]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "data_stats.json", "per_query", "runs"} <= artifacts
+    local = Path(client.download_artifacts(run.info.run_id, "per_query/test.json"))
+    per_query = json.loads(local.read_text())
+    assert per_query["num_queries"] == 300
+    values = per_query["per_query"]["ndcg_at_10"]
+    # the aggregate is the mean of the per-query values that are stored with the run
+    assert sum(values.values()) / 300 == pytest.approx(run.data.metrics["test_ndcg_at_10"], abs=1e-9)
+    reranked = Path(client.download_artifacts(run.info.run_id, "runs/test.reranked.trec")).read_text().splitlines()
+    assert len({line.split()[0] for line in reranked}) == 300
+
+
+def test_checkpoints_per_epoch_in_safetensors(trial_run):
+    work, _, _, _ = trial_run
+    checkpoints = sorted(p.parent.name for p in (work / "ray").rglob("score_head.safetensors"))
+    assert checkpoints == ["epoch-1", "epoch-2"]
+    assert all(any(p.glob("model.safetensors")) for p in (work / "ray").rglob("epoch-*"))
+
+
+def test_rerun_reuses_the_finished_run(trial_run):
+    from mlflow.tracking import MlflowClient
+
+    _, uri, first, second = trial_run
+    assert second["reused"] is True and second["mlflow_run_id"] == first["mlflow_run_id"]
+    assert second["test"]["model"] == first["test"]["model"]
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("trial-tiny-scifact")
+    assert len(MlflowClient(tracking_uri=uri).search_runs([experiment.experiment_id])) == 1
