@@ -50,37 +50,91 @@ def cmd_bm25(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.config import load_spec
-    from orchestrator.run_trial import run_trial
-    from orchestrator.tracking import Tracker, resolve_tracking_uri
+def _selected_trials(args: argparse.Namespace):
+    from orchestrator.config import load_trials
     from workloads.spec import TrialSpec
 
-    spec = load_spec(Path(args.config), TrialSpec)
+    experiment, specs = load_trials(Path(args.config), TrialSpec)
+    if args.trial:
+        chosen = [s for s in specs if s.name in (args.trial, f"{experiment}.{args.trial}")]
+        if not chosen:
+            names = ", ".join(s.name.removeprefix(f"{experiment}.") for s in specs)
+            raise InputError(args.config, f"no trial '{args.trial}' (trials: {names})")
+        specs = chosen
+    return experiment, specs
+
+
+def _pick(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.run_trial import run_trial
+    from orchestrator.tracking import Tracker, resolve_tracking_uri
+
+    experiment, specs = _selected_trials(args)
     tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
     storage = Path(args.storage).resolve()
-    report = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force)
-    m = report.metrics
-    pick = lambda prefix: {k.removeprefix(prefix): v for k, v in m.items() if k.startswith(prefix)}  # noqa: E731
+    results = []
+    for spec in specs:
+        report = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force, experiment=experiment)
+        m = report.metrics
+        results.append({
+            "trial": spec.name, "mlflow_run_id": report.run_id, "reused": report.reused, "best_epoch": report.best_epoch,
+            "axes": spec.axes(),
+            "validation": {"bm25": _pick(m, "bm25_val_"), "model": _pick(m, "best_val_")},
+            "test": {"bm25": _pick(m, "bm25_test_"), "model": _pick(m, "test_")},
+            "timings": _pick(m, "time_"),
+        })
+        if not args.json:
+            r = results[-1]
+            print(f"trial {spec.name}: MLflow run {report.run_id} in experiment '{experiment}' ({tracker.uri})"
+                  f"{' [reused]' if report.reused else ''}")
+            print(_metrics_table([
+                ("validation  BM25", r["validation"]["bm25"]),
+                (f"validation  model (epoch {report.best_epoch})", r["validation"]["model"]),
+                ("test        BM25", r["test"]["bm25"]),
+                ("test        model", r["test"]["model"]),
+            ]))
+            if "time_train_seconds_per_epoch" in m:
+                print(f"training {m['time_train_seconds_per_epoch']:.0f}s/epoch, trial {m['time_trial_seconds']:.0f}s\n")
     if args.json:
-        print(json.dumps({
-            "trial": spec.name, "mlflow_run_id": report.run_id, "tracking_uri": tracker.uri, "reused": report.reused,
-            "best_epoch": report.best_epoch,
-            "validation": {"bm25": pick("bm25_val_"), "model": pick("best_val_")},
-            "test": {"bm25": pick("bm25_test_"), "model": pick("test_")},
-            "timings": {k: m[k] for k in ("prepare_seconds", "train_seconds_per_epoch", "train_wall_seconds",
-                                          "test_seconds", "trial_seconds") if k in m},
-        }, indent=2))
-    else:
-        print(f"trial {spec.name}: MLflow run {report.run_id} ({tracker.uri}){' [reused]' if report.reused else ''}")
-        print(_metrics_table([
-            ("validation  BM25", pick("bm25_val_")),
-            (f"validation  model (epoch {report.best_epoch})", pick("best_val_")),
-            ("test        BM25", pick("bm25_test_")),
-            ("test        model", pick("test_")),
-        ]))
-        if "train_seconds_per_epoch" in m:
-            print(f"training {m['train_seconds_per_epoch']:.0f}s/epoch, trial {m['trial_seconds']:.0f}s")
+        print(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if len(results) > 1
+                         else {"experiment": experiment, "tracking_uri": tracker.uri, **results[0]}, indent=2))
+    elif len(results) > 1:
+        print(_metrics_table([("test BM25", results[0]["test"]["bm25"])]
+                             + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
+    return 0
+
+
+def cmd_augment(args: argparse.Namespace) -> int:
+    import textwrap
+
+    import pyarrow.parquet as pq
+
+    from workloads.trial import prepare_trial
+
+    _, specs = _selected_trials(args)
+    specs = [s for s in specs if s.augmentation.method != "none"]
+    if not specs:
+        raise InputError(args.config, "no trial with augmentation (augmentation.method is none)")
+    for spec in specs:
+        prepared = prepare_trial(spec)
+        rows = pq.read_table(prepared.training.training_set).to_pylist()
+        augmented = pq.read_table(prepared.training.augmentation).to_pylist()
+        print(f"== {spec.name}: {spec.augmentation.method}, k_a = {spec.augmentation.k}, {len(augmented)} rows "
+              f"({prepared.training.augmentation})")
+        width = max(40, (args.width - 7) // 2)
+        for row, aug in list(zip(rows, augmented))[: args.show]:
+            print(f"\nquery: {row['query']}")
+            original = textwrap.wrap(row["positive"][:args.chars] + ("..." if len(row["positive"]) > args.chars else ""), width)
+            selected = textwrap.wrap(aug["augmented_positive"], width)
+            print(f"{'original d+ (' + row['positive_id'] + ')':<{width}} | augmented d+_a "
+                  f"({aug['sentences_kept']} of {aug['sentences_total']} sentences)")
+            for i in range(max(len(original), len(selected))):
+                left = original[i] if i < len(original) else ""
+                right = selected[i] if i < len(selected) else ""
+                print(f"{left:<{width}} | {right}")
     return 0
 
 
@@ -97,14 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     bm25.add_argument("--json", action="store_true", help="machine-readable output")
     bm25.set_defaults(func=cmd_bm25)
 
-    run = sub.add_parser("run", help="run one trial (train, validate, test) and track it in MLflow")
-    run.add_argument("config", help="trial YAML, e.g. search_spaces/trial-scifact.yaml")
+    run = sub.add_parser("run", help="run the trials of a file (train, validate, test), each tracked in MLflow")
+    run.add_argument("config", help="trial YAML, e.g. search_spaces/trial-scifact.yaml or rq1-scifact.yaml")
+    run.add_argument("--trial", help="run only this trial of a multi-trial file")
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite in .orchestrate/)")
     run.add_argument("--storage", default=".orchestrate/ray_results", help="Ray Train storage path for checkpoints")
     run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     run.add_argument("--force", action="store_true", help="rerun even if a finished run of this trial exists")
     run.set_defaults(func=cmd_run)
+
+    augment = sub.add_parser("augment", help="build (or reuse) a trial's augmentations and show examples")
+    augment.add_argument("config", help="trial YAML with augmentation")
+    augment.add_argument("--trial", help="only this trial of a multi-trial file")
+    augment.add_argument("--show", type=int, default=3, help="examples to print (default 3)")
+    augment.add_argument("--chars", type=int, default=600, help="characters of the original document shown")
+    augment.add_argument("--width", type=int, default=120, help="output width")
+    augment.set_defaults(func=cmd_augment)
     return parser
 
 

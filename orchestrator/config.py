@@ -70,3 +70,39 @@ def validate(data: dict, model: type[SpecT], path: Path, lines: dict[tuple, int]
 def load_spec(path: Path, model: type[SpecT]) -> SpecT:
     data, lines = read_yaml(path)
     return validate(data, model, Path(path), lines)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
+def load_trials(path: Path, model: type[SpecT]) -> tuple[str, list[SpecT]]:
+    """A trial file: either one trial, or ``name`` + ``base`` + ``trials: {name: overrides}``.
+
+    Returns the experiment name and the trials; a trial of a multi-trial file is named
+    ``<file name>.<trial name>``. Errors point at the override's line, else the base's.
+    """
+    path = Path(path)
+    data, lines = read_yaml(path)
+    if "trials" not in data:
+        spec = validate(data, model, path, lines)
+        return spec.name, [spec]
+    unknown = set(data) - {"name", "base", "trials"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise InputError(f"{path}:{lines.get((key,), '?')}", f"{key}: unknown key (a trial file has name, base, trials)")
+    name, base, trials = data.get("name"), data.get("base") or {}, data["trials"]
+    if not isinstance(name, str) or not isinstance(base, dict) or not isinstance(trials, dict) or not trials:
+        raise InputError(path, "a trial file needs 'name' (text), 'base' (a mapping) and 'trials' (name -> overrides)")
+    specs = []
+    for trial_name, override in trials.items():
+        merged = _deep_merge(base, override or {})
+        merged["name"] = f"{name}.{trial_name}"
+        # error lines: the override's key if it set it, else the base's
+        trial_lines = {**{k[1:]: v for k, v in lines.items() if k[:1] == ("base",)},
+                       **{k[2:]: v for k, v in lines.items() if k[:2] == ("trials", trial_name)}}
+        specs.append(validate(merged, model, path, trial_lines))
+    return name, specs

@@ -20,12 +20,11 @@ from workloads.retrieval.bm25 import write_trec_run
 from workloads.spec import TrialSpec
 from workloads.trial import prepare_trial
 
-EXPERIMENT_PREFIX = "trial"
 
 
 def trial_key(spec: TrialSpec) -> str:
-    """Identity of a trial's result: everything that changes it (resources do not)."""
-    return stable_key(spec.model_dump_json(exclude={"resources"}))
+    """Identity of a trial's result: everything that changes it (its name and resources do not)."""
+    return stable_key(spec.model_dump_json(exclude={"name", "resources"}))
 
 
 @dataclass
@@ -40,9 +39,10 @@ def _log(message: str) -> None:
     print(f"[run] {message}", file=sys.stderr, flush=True)
 
 
-def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address: str | None = None, force: bool = False) -> TrialReport:
+def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address: str | None = None,
+              force: bool = False, experiment: str | None = None) -> TrialReport:
     key = trial_key(spec)
-    experiment_id = tracker.experiment_id(f"{EXPERIMENT_PREFIX}-{spec.name}")
+    experiment_id = tracker.experiment_id(experiment or spec.name)
     finished = tracker.find_run(experiment_id, key, status="FINISHED")
     if finished is not None and not force:
         _log(f"trial {key} already finished in MLflow run {finished.info.run_id}: reusing its results (--force reruns)")
@@ -83,11 +83,11 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         seconds_per_epoch = sum(e.metrics["epoch_train_seconds"] for e in epochs) / len(epochs)
         timings = {
             "best_epoch": best_epoch,
-            "prepare_seconds": prepare_seconds,
-            "train_wall_seconds": train_wall,
-            "train_seconds_per_epoch": seconds_per_epoch,
-            "test_seconds": time.perf_counter() - test_started,
-            "trial_seconds": time.perf_counter() - started,
+            "time_prepare_seconds": prepare_seconds,
+            "time_train_wall_seconds": train_wall,
+            "time_train_seconds_per_epoch": seconds_per_epoch,
+            "time_test_seconds": time.perf_counter() - test_started,
+            "time_trial_seconds": time.perf_counter() - started,
         }
         tracker.log_metrics(run_id, timings)
         tracker.log_metrics(run_id, {f"best_{k}": v for k, v in best.metrics.items() if k.startswith("val_")})

@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.config import load_spec
 from workloads.errors import InputError
@@ -62,3 +63,50 @@ def test_missing_required_section(tmp_path):
 def test_missing_file():
     with pytest.raises(InputError, match="nope.yaml: cannot read"):
         load_spec(Path("nope.yaml"), TrialSpec)
+
+
+@pytest.mark.parametrize(
+    "loss, augmentation, message",
+    [
+        ({"lambda": 0.3}, None, r"'lambda' has no effect with contrastive 'none'"),
+        ({"contrastive": "scl", "contrastive_margin": 0.9}, None, r"'contrastive_margin' has no effect with contrastive 'scl'"),
+        ({"contrastive": "ctriplet", "tau": 0.2}, None, r"'tau' has no effect with contrastive 'ctriplet'"),
+        ({"weighting": "dwa"}, None, r"weighting 'dwa' combines two losses"),
+        ({"contrastive": "infonce"}, None, r"infonce' contrasts a relevant pair with its augmented view"),
+        ({"contrastive": "simclr"}, None, r"loss.contrastive: 'simclr' is not allowed"),
+        (None, {"method": "glove"}, r"method 'glove' needs glove_path"),
+        (None, {"method": "bm25", "glove_path": "x.txt"}, r"glove_path has no effect with method 'bm25'"),
+    ],
+)
+def test_invalid_loss_and_augmentation_combinations(tmp_path, loss, augmentation, message):
+    data = {"name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6"}}
+    if loss:
+        data["loss"] = loss
+    if augmentation:
+        data["augmentation"] = augmentation
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match=message):
+        load_spec(path, TrialSpec)
+
+
+def test_valid_contrastive_spec_round_trips():
+    spec = TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"},
+                                     "loss": {"contrastive": "scl", "lambda": 0.3, "tau": 0.2},
+                                     "augmentation": {"method": "bm25", "k": 2}})
+    assert TrialSpec.model_validate(spec.model_dump(mode="json")) == spec
+    assert spec.flat_params()["loss.lambda"] == "0.3" and spec.axes()["augmentation"] == "bm25-k2"
+
+
+def test_multi_trial_file_merges_base_and_points_at_override_lines(tmp_path):
+    from orchestrator.config import load_trials
+
+    experiment, specs = load_trials(REPO / "search_spaces" / "rq1-scifact.yaml", TrialSpec)
+    assert experiment == "rq1-scifact"
+    assert [s.name for s in specs] == ["rq1-scifact.baseline", "rq1-scifact.bm25-aug", "rq1-scifact.bm25-aug-scl"]
+    assert specs[0].augmentation.method == "none" and specs[2].loss.contrastive == "scl"
+    assert all(s.training_data.size == 1000 and s.model.name == "minilm-l6" for s in specs)
+    path = tmp_path / "multi.yaml"
+    path.write_text("name: m\nbase:\n  data: {collection: c}\n  model: {name: x}\ntrials:\n  a: {}\n  b:\n    loss: {ranking: nope}\n")
+    with pytest.raises(InputError, match=r"multi.yaml:8: loss.ranking: 'nope' is not allowed"):
+        load_trials(path, TrialSpec)

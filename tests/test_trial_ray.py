@@ -56,7 +56,7 @@ def test_mlflow_run_holds_config_axes_epochs_metrics_and_artifacts(trial_run):
 
     _, uri, report, _ = trial_run
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name("trial-tiny-scifact")
+    experiment = client.get_experiment_by_name("tiny-scifact")
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1
     run = runs[0]
@@ -90,5 +90,5 @@ def test_rerun_reuses_the_finished_run(trial_run):
     _, uri, first, second = trial_run
     assert second["reused"] is True and second["mlflow_run_id"] == first["mlflow_run_id"]
     assert second["test"]["model"] == first["test"]["model"]
-    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("trial-tiny-scifact")
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("tiny-scifact")
     assert len(MlflowClient(tracking_uri=uri).search_runs([experiment.experiment_id])) == 1

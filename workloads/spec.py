@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
 
@@ -54,9 +54,67 @@ class ModelSpec(_Strict):
     max_length: int = Field(default=512, ge=16, le=8192, description="tokens of [CLS] q [SEP] d [SEP]; documents truncated (FirstP)")
 
 
+CONTRASTIVE_LOSSES = ("none", "scl", "ctriplet", "infonce", "nca", "tml")
+# The hyper-parameters each contrastive loss has (search spaces and validation use this).
+CONTRASTIVE_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "scl": ("lambda_", "tau"),
+    "ctriplet": ("lambda_", "contrastive_margin"),
+    "infonce": ("lambda_", "tau"),
+    "nca": ("lambda_", "nca_map"),
+    "tml": ("lambda_", "contrastive_margin"),
+}
+
+
 class LossSpec(_Strict):
+    """L = (1 - lambda) L_rank + lambda L_con (AUG eq. 31), or CFT's equal / DWA weights."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
     ranking: Literal["pointwise", "pairwise", "mhl"] = "pointwise"
     margin: float = Field(default=1.0, gt=0, description="hinge margin of pairwise and mhl")
+    contrastive: Literal["none", "scl", "ctriplet", "infonce", "nca", "tml"] = "none"
+    lambda_: float = Field(default=0.5, ge=0, le=1, alias="lambda", description="contrastive weight (weighting: fixed)")
+    tau: float = Field(default=0.1, gt=0, description="temperature of scl and infonce")
+    contrastive_margin: float = Field(default=0.5, gt=0, description="alpha of ctriplet, m of tml (on unit-norm Phi)")
+    nca_map: Literal["identity", "learned"] = "identity"
+    weighting: Literal["fixed", "equal", "dwa"] = "fixed"
+    dwa_period: int = Field(default=100, ge=1, description="F of dynamic weighted aggregation, in steps")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "LossSpec":
+        allowed = set(CONTRASTIVE_PARAMETERS[self.contrastive])
+        if self.weighting != "fixed":
+            allowed.discard("lambda_")
+            if self.contrastive == "none":
+                raise ValueError(f"weighting '{self.weighting}' combines two losses: set a contrastive loss")
+        if self.weighting == "dwa":
+            allowed.add("dwa_period")
+        for name in ("lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"):
+            # A non-default value that nothing reads is a mistake in the config; defaults pass,
+            # so a dumped spec validates again.
+            if name not in allowed and getattr(self, name) != type(self).model_fields[name].default:
+                shown = "lambda" if name == "lambda_" else name
+                raise ValueError(f"'{shown}' has no effect with contrastive '{self.contrastive}' and weighting '{self.weighting}'")
+        return self
+
+
+class AugmentationSpec(_Strict):
+    """AUG Algorithm 1: each (q, d+, d-) gains (q, d+_a, d-_a); the batch doubles."""
+
+    method: Literal["none", "random", "bm25", "glove"] = "none"
+    k: int = Field(default=3, ge=1, description="k_a: sentences kept from d+, ordered by score")
+    seed: int = 13
+    glove_path: str | None = Field(
+        default=None, description="GloVe text file (.txt or .txt.gz); relative paths resolve against $ORCHESTRATE_DATA_DIR")
+
+    @model_validator(mode="after")
+    def _glove_needs_vectors(self) -> "AugmentationSpec":
+        if self.method == "glove" and not self.glove_path:
+            raise ValueError("method 'glove' needs glove_path (e.g. glove/glove.6B.50d.top100k.txt.gz)")
+        if self.method != "glove" and self.glove_path:
+            raise ValueError(f"glove_path has no effect with method '{self.method}'")
+        return self
 
 
 class OptimizationSpec(_Strict):
@@ -94,15 +152,22 @@ class TrialSpec(_Strict):
     training_data: TrainingDataSpec = TrainingDataSpec()
     model: ModelSpec
     loss: LossSpec = LossSpec()
+    augmentation: AugmentationSpec = AugmentationSpec()
     optimization: OptimizationSpec = OptimizationSpec()
     resources: ResourcesSpec = ResourcesSpec()
+
+    @model_validator(mode="after")
+    def _augmentation_where_needed(self) -> "TrialSpec":
+        if self.loss.contrastive == "infonce" and self.augmentation.method == "none":
+            raise ValueError("contrastive 'infonce' contrasts a relevant pair with its augmented view: set augmentation.method")
+        return self
 
     def axes(self) -> dict[str, str]:
         """The grid coordinates of this trial (MLflow tags)."""
         return {
             "model": self.model.name,
-            "loss": self.loss.ranking,
-            "augmentation": "none",
+            "loss": self.loss.ranking if self.loss.contrastive == "none" else f"{self.loss.ranking}+{self.loss.contrastive}",
+            "augmentation": self.augmentation.method if self.augmentation.method == "none" else f"{self.augmentation.method}-k{self.augmentation.k}",
             "size": str(self.training_data.size),
             "seed": str(self.seed),
             "collection": self.data.collection,
@@ -119,5 +184,5 @@ class TrialSpec(_Strict):
             else:
                 out[prefix] = str(value)
 
-        walk("", self.model_dump(mode="json"))
+        walk("", self.model_dump(mode="json", by_alias=True))
         return out

@@ -27,7 +27,7 @@ from transformers import get_linear_schedule_with_warmup
 from workloads.batches import triples_to_batch
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.evaluation import PRIMARY_METRIC
-from workloads.losses import ModelOutputs, build_ranking_loss
+from workloads.losses import ModelOutputs, RankingWithContrastive, build_loss
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype
 from workloads.reranking import rerank_and_evaluate
 from workloads.spec import TrialSpec
@@ -45,6 +45,7 @@ class TrainingInputs:
     validation_first_stage_run: str
     validation_qrels: dict[str, dict[str, int]]
     relevance_level: int
+    augmentation: str | None = None  # Parquet row-aligned with training_set, or None
 
 
 # metrics, checkpoint directory (rank 0 only, else None)
@@ -84,9 +85,14 @@ def train_cross_encoder(
     wrapped: torch.nn.Module = model
     if world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    loss_fn = build_ranking_loss(spec.loss.ranking, spec.loss.margin)
+    loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
 
     rows = pq.read_table(inputs.training_set).to_pylist()
+    if inputs.augmentation:
+        augmentation = pq.read_table(inputs.augmentation).to_pylist()
+        if [a["positive_id"] for a in augmentation] != [r["positive_id"] for r in rows]:
+            raise ValueError(f"{inputs.augmentation} is not aligned with {inputs.training_set}")
+        rows = [{**row, **extra} for row, extra in zip(rows, augmentation)]
     triples_per_batch = opt.batch_size // 2
     batches_per_epoch = len(rows) // triples_per_batch  # incomplete last batch dropped
     steps_per_rank = batches_per_epoch // world
@@ -94,9 +100,10 @@ def train_cross_encoder(
         raise ValueError(f"{len(rows)} triples make no full batch of {triples_per_batch} triples per worker x {world} workers")
     total_steps = steps_per_rank * opt.epochs
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+    named = [*model.named_parameters(), *loss_fn.named_parameters()]  # e.g. NCA's learned map
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": opt.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+        {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": opt.weight_decay},
+        {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=opt.learning_rate)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
@@ -109,6 +116,7 @@ def train_cross_encoder(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
+        loss_fn.load_state_dict(state["loss"])
         first_epoch = state["epoch"] + 1
         _log(rank, f"resumed from {resume_from} after epoch {state['epoch']}")
 
@@ -122,6 +130,7 @@ def train_cross_encoder(
         my_batches = [order[b * triples_per_batch:(b + 1) * triples_per_batch] for b in range(rank, steps_per_rank * world, world)]
         started = time.perf_counter()
         total_loss = 0.0
+        parts = {"ranking": 0.0, "contrastive": 0.0}
         for step, batch_rows in enumerate(my_batches, 1):
             batch = triples_to_batch([rows[i] for i in batch_rows])
             pairs = model.encode(batch.queries, batch.documents).to(device)
@@ -136,6 +145,9 @@ def train_cross_encoder(
             scaler.update()
             scheduler.step()
             total_loss += float(loss.detach())
+            if isinstance(loss_fn, RankingWithContrastive):
+                for name, value in loss_fn.last_parts.items():
+                    parts[name] += value
             if step % max(1, len(my_batches) // 10) == 0 or step == len(my_batches):
                 rate = step * opt.batch_size / (time.perf_counter() - started)
                 _log(rank, f"epoch {epoch} step {step}/{len(my_batches)} loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
@@ -144,6 +156,8 @@ def train_cross_encoder(
         metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / len(my_batches),
                                      "epoch_train_seconds": train_seconds,
                                      "degenerate_batches": float(loss_fn.degenerate_batches)}
+        if isinstance(loss_fn, RankingWithContrastive):
+            metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
         checkpoint: Path | None = None
         if rank == 0:
             eval_started = time.perf_counter()
@@ -156,7 +170,8 @@ def train_cross_encoder(
             checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
             model.save(checkpoint)
             torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "scaler": scaler.state_dict(), "epoch": epoch}, checkpoint / STATE_FILE)
+                        "scaler": scaler.state_dict(), "loss": loss_fn.state_dict(), "epoch": epoch},
+                       checkpoint / STATE_FILE)
             (checkpoint / PROGRESS_FILE).write_text(json.dumps(metrics))
             _log(rank, f"epoch {epoch}: train {train_seconds:.0f}s, validation {PRIMARY_METRIC} "
                        f"{metrics['val_' + PRIMARY_METRIC]:.4f}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from workloads.augmentation import build_augmentation_set
 from workloads.collections import Collection, Qrels, resolve_collection
 from workloads.evaluation import Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder
@@ -66,6 +67,10 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         collection, spec.data.train_split, train_ids, train_run, train_run_key, fs.train_depth,
         spec.training_data.size, spec.training_data.seed)
 
+    augmentation = None
+    if spec.augmentation.method != "none":
+        augmentation = build_augmentation_set(collection, spec.data.train_split, training_set, spec.augmentation)
+
     validation_run, validation_run_path, validation_key = _first_stage(collection, validation_queries, BASELINE_DEPTH, spec)
     validation_candidates = build_candidates(collection, validation_queries, validation_run, validation_key, fs.validation_depth)
     first_stage_validation = evaluate(validation_run, validation_qrels, collection.relevance_level).aggregate
@@ -83,6 +88,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
             validation_first_stage_run=str(validation_run_path),
             validation_qrels=validation_qrels,
             relevance_level=collection.relevance_level,
+            augmentation=str(augmentation) if augmentation else None,
         ),
         test_candidates=str(test_candidates),
         test_first_stage_run=str(test_run_path),

@@ -38,4 +38,4 @@ class PairLoss(nn.Module):
 
     def _nothing_to_compare(self, outputs: ModelOutputs) -> torch.Tensor:
         self.degenerate_batches += 1
-        return outputs.scores.sum() * 0.0
+        return (outputs.scores.sum() + outputs.phi.sum()) * 0.0  # zero that keeps the graph

@@ -1,0 +1,123 @@
+"""Augmenters: ordering by score, k_a, determinism by seed, short documents, GloVe OOV, caching."""
+
+import gzip
+import random
+
+import pyarrow.parquet as pq
+import pytest
+
+from workloads.augmentation import build_augmentation_set, corpus_sentences, select_sentences
+from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, load_glove
+from workloads.augmentation.sentences import split_sentences
+from workloads.collections import Collection, Document
+from workloads.errors import InputError
+from workloads.spec import AugmentationSpec
+
+DOC = ("Cats are small mammals. They sleep a lot, e.g. sixteen hours per day. "
+       "Purring is how cats signal comfort. J. Smith et al. studied purring in 2001. Dogs bark.")
+
+
+def test_sentence_splitter_is_rule_based_and_keeps_abbreviations():
+    assert split_sentences(DOC) == [
+        "Cats are small mammals.",
+        "They sleep a lot, e.g. sixteen hours per day.",
+        "Purring is how cats signal comfort.",
+        "J. Smith et al. studied purring in 2001.",
+        "Dogs bark.",
+    ]
+    assert split_sentences("") == [] and split_sentences("no final stop") == ["no final stop"]
+
+
+def test_bm25_orders_by_score_and_keeps_k():
+    sentences = split_sentences(DOC)
+    scorer = BM25SentenceScorer([sentences, ["Fish swim.", "Birds fly."]])
+    scores = scorer.scores("cats purring comfort", sentences, random.Random(0))
+    kept = select_sentences(scores, sentences, 2)
+    assert kept == ["Purring is how cats signal comfort.", "Cats are small mammals."]  # by score, not document order
+    assert scores[4] == 0.0  # "Dogs bark." shares no word with the query
+    # a rarer word weighs more: "purring" occurs in 1 of 2 documents, like "cats"; "fish" in the other only
+    assert scorer.idf["cats"] == scorer.idf["fish"] and "sleep" in scorer.idf
+
+
+def test_fewer_sentences_than_k_keeps_all_ordered():
+    sentences = ["Dogs bark.", "Cats purr."]
+    scorer = BM25SentenceScorer([sentences])
+    assert select_sentences(scorer.scores("cats", sentences, random.Random(0)), sentences, 5) == ["Cats purr.", "Dogs bark."]
+
+
+def test_random_is_deterministic_by_seed():
+    sentences = split_sentences(DOC)
+    pick = lambda seed: select_sentences(RandomScorer().scores("q", sentences, random.Random(seed)), sentences, 3)  # noqa: E731
+    assert pick(1) == pick(1)
+    assert len({tuple(pick(s)) for s in range(10)}) > 1
+    assert all(len(pick(s)) == 3 and set(pick(s)) <= set(sentences) for s in range(5))
+
+
+@pytest.fixture()
+def glove_file(tmp_path):
+    path = tmp_path / "vectors.txt.gz"
+    with gzip.open(path, "wt") as out:
+        out.write("cats 1 0\npurr 1 1\ndogs -1 0\nbark 0 -1\n")
+    return path
+
+
+def test_glove_scores_mean_vector_dot_product_and_oov(glove_file):
+    scorer = GloVeScorer(*load_glove(glove_file))
+    # query "cats purr zzz" -> mean(cats, purr) = (1, .5) ("zzz" is out of vocabulary and skipped)
+    scores = scorer.scores("cats purr zzz", ["Dogs bark.", "Cats purr.", "Unknown words only."], random.Random(0))
+    assert scores == pytest.approx([(1 * -0.5) + (0.5 * -0.5), 1 * 1 + 0.5 * 0.5, 0.0])
+    assert scorer.oov_texts == 1  # the sentence with no known word, scored 0 explicitly
+    assert scorer.scores("qqq", ["Cats purr."], random.Random(0)) == [0.0] and scorer.oov_texts == 2
+
+
+def test_glove_bad_file(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("cats 1 0\ndogs 1\n")
+    with pytest.raises(InputError, match=r"bad.txt:2: expected 2 values, got 1"):
+        load_glove(bad)
+
+
+def test_real_glove_subset_covers_scifact_words():
+    from workloads.augmentation import resolve_glove_path
+
+    words, vectors = load_glove(resolve_glove_path("glove/glove.6B.50d.top100k.txt.gz"))
+    assert vectors.shape == (100_000, 50) and "protein" in words
+
+
+def toy_collection():
+    corpus = {
+        "d1": Document("d1", "Cats", DOC),
+        "d2": Document("d2", "", "Dogs bark loudly. Dogs run."),
+        "d3": Document("d3", "", "Fish swim. Fish eat."),
+        "d4": Document("d4", "", "Birds fly south."),
+    }
+    return Collection("toy", corpus, {"q1": "cats purring comfort"}, {"train": {"q1": {"d1": 1}}})
+
+
+def write_training_set(path):
+    import pyarrow as pa
+
+    from workloads.training_data import TRAINING_SCHEMA
+
+    rows = [{"query_id": "q1", "query": "cats purring comfort", "positive_id": "d1", "positive": DOC,
+             "negative_id": "d2", "negative": "Dogs bark loudly. Dogs run."}] * 3
+    pq.write_table(pa.Table.from_pylist(rows, schema=TRAINING_SCHEMA), path)
+    return path
+
+
+def test_augmentation_set_is_stored_once_and_reused(tmp_path, capsys):
+    collection = toy_collection()
+    training = write_training_set(tmp_path / "train-abc.parquet")
+    spec = AugmentationSpec(method="bm25", k=2, seed=1)
+    path = build_augmentation_set(collection, "train", training, spec)
+    rows = pq.read_table(path).to_pylist()
+    assert len(rows) == 3
+    assert rows[0]["augmented_positive"] == "Purring is how cats signal comfort. Cats are small mammals."
+    assert rows[0]["sentences_kept"] == 2 and rows[0]["sentences_total"] == 5
+    assert all(r["augmented_negative_id"] != "d1" for r in rows)  # never a relevant document
+    mtime = path.stat().st_mtime_ns
+    assert build_augmentation_set(collection, "train", training, spec) == path and path.stat().st_mtime_ns == mtime
+    assert "reusing" in capsys.readouterr().err
+    other = build_augmentation_set(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1))
+    assert other != path
+    assert corpus_sentences(collection)["d3"] == ["Fish swim.", "Fish eat."]

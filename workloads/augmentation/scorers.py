@@ -1,0 +1,122 @@
+"""Sentence scorers of AUG section 5 / SCL22: score(q, s) for every sentence s of a document.
+
+- ``random`` (SCL22 "sampling"): a random score per sentence from a seeded generator, so
+  k_a random sentences are kept, in random order;
+- ``bm25`` (AUG eq. 6): BM25(q, s) with the inverse document frequencies of the whole
+  corpus (every document counts once) and sentence lengths normalised by the mean
+  sentence length of the corpus;
+- ``glove`` (AUG eq. 7): the dot product of the mean GloVe vectors of q and s. Words
+  missing from the vocabulary are skipped; a text with no known word has no vector and its
+  sentences score 0 (the scorer counts them in ``oov_texts``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import numpy as np
+
+from workloads.augmentation.text import tokenize
+from workloads.errors import InputError
+
+
+class SentenceScorer(Protocol):
+    name: str
+
+    def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]: ...
+
+
+class RandomScorer:
+    name = "random"
+
+    def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
+        return [rng.random() for _ in sentences]
+
+
+class BM25SentenceScorer:
+    name = "bm25"
+
+    def __init__(self, documents: Iterable[list[str]], k1: float = 0.9, b: float = 0.4):
+        """``documents``: each document of the corpus as its list of sentences."""
+        document_frequency: Counter[str] = Counter()
+        n_docs = sentence_count = token_count = 0
+        for sentences in documents:
+            n_docs += 1
+            words: set[str] = set()
+            for sentence in sentences:
+                tokens = tokenize(sentence)
+                words.update(tokens)
+                sentence_count += 1
+                token_count += len(tokens)
+            document_frequency.update(words)
+        if n_docs == 0:
+            raise InputError("bm25 augmenter", "empty corpus: no IDF to compute")
+        # Lucene's BM25 IDF: log(1 + (N - df + 0.5) / (df + 0.5)), never negative.
+        self.idf = {w: math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) for w, df in document_frequency.items()}
+        self.default_idf = math.log(1 + (n_docs + 0.5) / 0.5)
+        self.mean_length = token_count / max(sentence_count, 1)
+        self.k1, self.b = k1, b
+
+    def score(self, query_tokens: list[str], sentence: str) -> float:
+        tokens = tokenize(sentence)
+        tf = Counter(tokens)
+        norm = self.k1 * (1 - self.b + self.b * len(tokens) / self.mean_length)
+        return sum(self.idf.get(w, self.default_idf) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
+                   for w in set(query_tokens) if w in tf)
+
+    def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
+        query_tokens = tokenize(query)
+        return [self.score(query_tokens, s) for s in sentences]
+
+
+def load_glove(path: Path) -> tuple[dict[str, int], np.ndarray]:
+    """Read a GloVe text file (``word v1 ... vd`` per line, optionally gzipped)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    words: dict[str, int] = {}
+    vectors: list[list[float]] = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, 1):
+                fields = line.rstrip().split(" ")
+                if len(fields) < 2:
+                    continue
+                if vectors and len(fields) - 1 != len(vectors[0]):
+                    raise InputError(f"{path}:{line_no}", f"expected {len(vectors[0])} values, got {len(fields) - 1}")
+                try:
+                    vectors.append([float(v) for v in fields[1:]])
+                except ValueError:
+                    raise InputError(f"{path}:{line_no}", "not a GloVe line (word followed by numbers)") from None
+                words[fields[0]] = len(words)
+    except OSError as exc:
+        raise InputError(path, f"cannot read GloVe vectors ({exc.strerror or exc})") from None
+    if not vectors:
+        raise InputError(path, "no vectors")
+    return words, np.asarray(vectors, dtype=np.float32)
+
+
+class GloVeScorer:
+    name = "glove"
+
+    def __init__(self, words: dict[str, int], vectors: np.ndarray):
+        self.words, self.vectors = words, vectors
+        self.oov_texts = 0
+
+    def mean_vector(self, text: str) -> np.ndarray | None:
+        rows = [self.words[t] for t in tokenize(text) if t in self.words]
+        if not rows:
+            self.oov_texts += 1
+            return None
+        return self.vectors[rows].mean(axis=0)
+
+    def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
+        q = self.mean_vector(query)
+        out = []
+        for sentence in sentences:
+            s = self.mean_vector(sentence)
+            out.append(0.0 if q is None or s is None else float(q @ s))
+        return out
