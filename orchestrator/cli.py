@@ -138,6 +138,99 @@ def cmd_augment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_sweep(path: str):
+    from pydantic import ValidationError
+
+    from orchestrator.config import read_yaml, validate
+    from orchestrator.sweep_spec import SweepSpec, expand_grid
+
+    data, lines = read_yaml(Path(path))
+    sweep = validate(data, SweepSpec, Path(path), lines)
+    try:
+        expand_grid(sweep)  # every cell's trial spec must validate: the base is checked here
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        line = next((lines[("base",) + loc[:n]] for n in range(len(loc), -1, -1) if ("base",) + loc[:n] in lines), None)
+        where = f"{path}:{line}" if line else path
+        raise InputError(where, f"base.{'.'.join(map(str, loc))}: {first['msg'].removeprefix('Value error, ')}") from None
+    return sweep
+
+
+def _print_plan(report: dict) -> None:
+    print(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
+          f"{report['trials_per_cell']} trials per cell -> {report['trials_planned']} trial runs, "
+          f"{report['mlflow_runs_planned']} MLflow runs (cells + trials)")
+    if report["unavailable_cells"]:
+        reasons = "; ".join(f"{n} cells: {why}" for why, n in report["unavailable_reasons"].items())
+        print(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
+    print(f"runnable now: {report['runnable_cells']} cells, {report['trials_runnable']} trials; "
+          f"done {report['trials_done']}, to run {report['trials_to_run']}")
+    header = f"{'cell':<22}{'model':<26}{'loss':<22}{'augmentation':<13}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}  searched / status"
+    print(header)
+    for c in report["cells_detail"]:
+        status = c["unavailable"] or ", ".join(n.rstrip("_") for n in c["searched"])
+        best = f"{c['best']:.4f}" if c["best"] is not None else "-"
+        print(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<22}{c['augmentation']:<13}{c['size']:>7}{c['seed']:>6}"
+              f"{c['trials_done']:>6}{best:>8}  {status}")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from orchestrator.sweep import dry_run_report, run_sweep, sweep_paths
+    from orchestrator.tracking import Tracker, resolve_tracking_uri
+
+    sweep = _load_sweep(args.config)
+    paths = sweep_paths(sweep, Path(args.storage))
+    if args.dry_run:
+        report = dry_run_report(sweep, paths)
+    else:
+        tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
+        report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address,
+                           fail_cells=set(args.fail_cell or ()))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_plan(report)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.sweep import sweep_status
+    from orchestrator.tracking import Tracker, resolve_tracking_uri
+
+    sweep = _load_sweep(args.config)
+    status = sweep_status(sweep, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.storage))
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"sweep {status['sweep']}: cells done {status['cells_done']}, running {status['cells_running']}, "
+          f"failed {status['cells_failed']}, pending {status['cells_pending']} (of {status['cells']}); "
+          f"trials finished {status['trials_finished']}, failed {status['trials_failed']}, running {status['trials_running']}")
+    if status["best"]:
+        b = status["best"]
+        print(f"best so far: {b['cell']} ({b['axes']}) val nDCG@10 {b['value']:.4f}")
+    if status["eta_seconds"] is not None:
+        print(f"ETA: {status['eta_seconds'] / 60:.0f} min ({status['mean_trial_seconds']:.0f}s per trial)")
+    for failure in status["failed_trials"]:
+        print(f"failed: {failure}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+
+    from orchestrator.tracking import resolve_tracking_uri
+
+    if args.host != "127.0.0.1" and not args.expose:
+        raise InputError("--host", f"binding to {args.host} exposes the MLflow UI beyond this machine: add --expose to confirm")
+    uri = resolve_tracking_uri(args.tracking_uri)
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    print(f"MLflow UI for {uri} on http://{args.host}:{args.port}", file=sys.stderr)
+    return subprocess.call([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+                            "--host", args.host, "--port", str(args.port), "--workers", "1"], env=env)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrate", description="rerank-lab: neural re-ranking experiments")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +261,30 @@ def build_parser() -> argparse.ArgumentParser:
     augment.add_argument("--chars", type=int, default=600, help="characters of the original document shown")
     augment.add_argument("--width", type=int, default=120, help="output width")
     augment.set_defaults(func=cmd_augment)
+
+    sweep = sub.add_parser("sweep", help="run (or resume) a sweep: the grid x Optuna x Ray Tune x MLflow")
+    sweep.add_argument("config", help="sweep YAML, e.g. search_spaces/demo.yaml")
+    sweep.add_argument("--dry-run", action="store_true", help="print the cells, trial and run counts, what is done; run nothing")
+    sweep.add_argument("--json", action="store_true")
+    sweep.add_argument("--tracking-uri")
+    sweep.add_argument("--storage", default=".orchestrate/sweeps", help="sweep storage: Optuna studies, Ray checkpoints")
+    sweep.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    sweep.add_argument("--fail-cell", action="append", help=argparse.SUPPRESS)  # test hook: trials of this cell raise
+    sweep.set_defaults(func=cmd_sweep)
+
+    status = sub.add_parser("status", help="a sweep's progress: cells done/running/failed, best so far, ETA")
+    status.add_argument("config", help="the sweep YAML")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--tracking-uri")
+    status.add_argument("--storage", default=".orchestrate/sweeps")
+    status.set_defaults(func=cmd_status)
+
+    ui = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose)")
+    ui.add_argument("--tracking-uri")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--expose", action="store_true", help="confirm binding to a non-loopback --host")
+    ui.set_defaults(func=cmd_ui)
     return parser
 
 

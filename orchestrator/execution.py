@@ -88,27 +88,35 @@ def _train_loop_per_worker(config: dict) -> None:
             train_cross_encoder(spec, inputs, report, device=device, resume_from=Path(resume_from))
 
 
-def train_on_ray(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str) -> list[EpochResult]:
-    """Fit the trial with Ray Train; returns every epoch's metrics and persisted checkpoint."""
+def make_trainer(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str, callbacks: list | None = None):
+    """The trial's ``TorchTrainer``: ``workers`` data-parallel workers, a checkpoint per epoch."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     use_gpu = _use_gpu(spec)
     resources = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-    trainer = TorchTrainer(
+    return TorchTrainer(
         _train_loop_per_worker,
         train_loop_config={"spec": spec.model_dump(mode="json"), "inputs": asdict(inputs)},
         scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=run_name,
-            storage_path=str(storage_path.resolve()),
+            storage_path=str(Path(storage_path).resolve()),
             checkpoint_config=CheckpointConfig(checkpoint_score_attribute=VALIDATION_METRIC, checkpoint_score_order="max"),
             failure_config=FailureConfig(max_failures=spec.resources.max_failures),
+            callbacks=callbacks or [],
         ),
     )
-    result = trainer.fit()
+
+
+def epoch_results(result) -> list[EpochResult]:
     epochs = [EpochResult(dict(metrics), checkpoint.path) for checkpoint, metrics in result.best_checkpoints]
     return sorted(epochs, key=lambda e: e.metrics["epoch"])
+
+
+def train_on_ray(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str) -> list[EpochResult]:
+    """Fit the trial with Ray Train; returns every epoch's metrics and persisted checkpoint."""
+    return epoch_results(make_trainer(spec, inputs, storage_path, run_name).fit())
 
 
 def evaluate_on_ray(spec: TrialSpec, prepared, checkpoint: str):

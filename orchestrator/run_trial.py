@@ -63,7 +63,10 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
 
         init_ray(ray_address)
         train_started = time.perf_counter()
-        epochs = train_on_ray(spec, prepared.training, storage_path, f"{spec.name}-{key}")
+        # Train V2 restores a run from storage by name: a crashed attempt resumes from its last
+        # epoch checkpoint; --force starts a fresh run instead of restoring the finished one.
+        run_name = f"{spec.name}-{key}" + (f"-{int(time.time())}" if force else "")
+        epochs = train_on_ray(spec, prepared.training, storage_path, run_name)
         train_wall = time.perf_counter() - train_started
         for epoch in epochs:
             tracker.log_metrics(run_id, epoch.metrics, step=int(epoch.metrics["epoch"]))

@@ -52,3 +52,8 @@ def test_minilm_alias_resolves_offline():
 def test_missing_model_is_input_error(tmp_path):
     with pytest.raises(InputError, match="cannot load model"):
         CrossEncoder.from_pretrained(str(tmp_path / "nope"))
+
+
+def test_query_longer_than_max_length_is_cut_not_an_error(model):
+    pairs = model.encode([" ".join(["query"] * 100)], ["short doc"])
+    assert pairs.inputs["input_ids"].shape[1] == 32

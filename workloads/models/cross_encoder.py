@@ -100,9 +100,13 @@ class CrossEncoder(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def encode(self, queries: list[str], documents: list[str]) -> EncodedPairs:
-        """Tokenize pairs with dynamic padding; only the document is truncated (FirstP)."""
+        """Tokenize pairs with dynamic padding; the document is truncated first (FirstP).
+
+        ``longest_first`` removes tokens from the longer side: the document, until a query
+        longer than the document's remainder would make ``only_second`` fail outright.
+        """
         inputs = self.tokenizer(
-            queries, documents, truncation="only_second", max_length=self.max_length,
+            queries, documents, truncation="longest_first", max_length=self.max_length,
             padding="longest", return_tensors="pt",
         )
         return EncodedPairs(dict(inputs))

@@ -1,0 +1,360 @@
+"""``orchestrate sweep``: the grid x Optuna x Ray Tune x MLflow, resumable.
+
+- Cells come from :func:`orchestrator.sweep_spec.expand_grid`; each has its own Optuna study
+  (:mod:`orchestrator.search`) in ``<storage>/<sweep>/optuna.db``.
+- One Tune run per invocation holds every remaining trial of every cell (one scheduling
+  pool). Each Tune trial runs the foundation trial as Ray Train workers, named by a stable
+  Train run name, so a retried or resumed trial continues from its last epoch checkpoint.
+- MLflow (written by the driver only): one experiment per sweep, a parent run per cell and
+  a child run per trial, found again by tags (``rerank_lab.trial_key``) on every rerun.
+- After the search, each cell's winner re-ranks the test and zero-shot collections; the
+  results are logged on the cell run, which is then FINISHED (and never evaluated again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.search import TRAIN_RUN, CellStudiesSearcher, apply_params, requeue_interrupted, used_trials
+from orchestrator.sweep_spec import Cell, SweepSpec, expand_grid
+from orchestrator.tracking import KIND_TAG, TRIAL_KEY_TAG, Tracker
+from workloads.spec import TrialSpec
+
+CELL_TAG = "rerank_lab.cell"
+SWEEP_TAG = "rerank_lab.sweep"
+OPTUNA_TAG = "rerank_lab.optuna_trial"
+WINNER_TAG = "rerank_lab.winner"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def _log(message: str) -> None:
+    print(f"[sweep] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    root: Path
+
+    @property
+    def optuna_url(self) -> str:
+        return f"sqlite:///{self.root / 'optuna.db'}"
+
+    @property
+    def ray_storage(self) -> Path:
+        return self.root / "ray"
+
+
+def sweep_paths(sweep: SweepSpec, storage_root: Path) -> SweepPaths:
+    root = Path(storage_root).resolve() / sweep.name
+    root.mkdir(parents=True, exist_ok=True)
+    return SweepPaths(root)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass
+class CellProgress:
+    cell: Cell
+    trials_used: int
+    trials_complete: int
+    trials_failed: int
+    best: float | None
+
+
+def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
+    """What each cell has done, read from the Optuna storage (nothing is started)."""
+    import optuna
+
+    cells = expand_grid(sweep)
+    existing: set[str] = set()
+    if paths is not None and (paths.root / "optuna.db").exists():
+        existing = {s.study_name for s in optuna.get_all_study_summaries(paths.optuna_url)}
+    out = []
+    for cell in cells:
+        if cell.spec is None or cell.key not in existing:
+            out.append(CellProgress(cell, 0, 0, 0, None))
+            continue
+        study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
+        complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        failed = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("counted")]
+        best = max((t.value for t in complete), default=None)
+        out.append(CellProgress(cell, used_trials(study), len(complete), len(failed), best))
+    return out
+
+
+def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
+    rows = progress(sweep, paths)
+    runnable = [r for r in rows if r.cell.spec is not None]
+    per_cell = sweep.search.trials_per_cell
+    trials_runnable = per_cell * len(runnable)
+    trials_done = sum(r.trials_complete + r.trials_failed for r in runnable)
+    unavailable: dict[str, int] = {}
+    for r in rows:
+        if r.cell.unavailable:
+            unavailable[r.cell.unavailable] = unavailable.get(r.cell.unavailable, 0) + 1
+    return {
+        "sweep": sweep.name,
+        "cells": len(rows),
+        "baseline_cells": sum(1 for r in rows if r.cell.is_baseline),
+        "runnable_cells": len(runnable),
+        "unavailable_cells": len(rows) - len(runnable),
+        "unavailable_reasons": unavailable,
+        "trials_per_cell": per_cell,
+        "trials_planned": per_cell * len(rows),
+        "trials_runnable": trials_runnable,
+        "trials_done": trials_done,
+        "trials_to_run": trials_runnable - trials_done,
+        # a parent run per cell + a child run per trial
+        "mlflow_runs_planned": len(rows) + per_cell * len(rows),
+        "mlflow_runs_runnable": len(runnable) + trials_runnable,
+        "cells_detail": [
+            {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
+             "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed, "best": r.best}
+            for r in rows
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def _sweep_trial(config: dict) -> None:
+    """One Tune trial: the foundation trial as Ray Train workers, reported to Tune per epoch."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from orchestrator.execution import VALIDATION_METRIC, epoch_results, make_trainer
+    from workloads.trial import prepare_trial
+
+    spec = TrialSpec.model_validate(config["spec"])
+    if config.get("fail_on_purpose"):
+        raise RuntimeError("fail_on_purpose: this trial raises (test hook)")
+    prepared = prepare_trial(spec)  # cached by content: only a new k_a builds anything
+    trainer = make_trainer(spec, prepared.training, Path(config["storage"]), config["train_run"], [TuneReportCallback()])
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # a deterministic out-of-memory is recorded, not retried blindly
+        if _is_out_of_memory(exc):
+            ray.tune.report({"failure": "oom"})
+            return
+        raise
+    epochs = epoch_results(result)
+    best = max(epochs, key=lambda e: e.metrics[VALIDATION_METRIC])
+    ray.tune.report({
+        VALIDATION_METRIC: best.metrics[VALIDATION_METRIC], "final": 1, "best_epoch": best.metrics["epoch"],
+        "best_checkpoint": best.checkpoint,
+        "training_seconds": sum(e.metrics["epoch_train_seconds"] + e.metrics.get("epoch_validation_seconds", 0.0) for e in epochs),
+    })
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in ("OutOfMemoryError", "CUDA out of memory", "MemoryError"))
+
+
+def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str], sweep: SweepSpec):
+    from ray.tune import Callback
+
+    class MlflowTrialLogger(Callback):
+        """Logs every Tune trial as a child of its cell's run, from the driver process."""
+
+        def __init__(self):
+            self.runs: dict[str, str] = {}
+            self.started: dict[str, float] = {}
+
+        def _run_id(self, trial) -> str:
+            if trial.trial_id not in self.runs:
+                config = trial.config
+                spec = TrialSpec.model_validate(config["spec"])
+                key = f"{config['cell']}/{config['train_run']}"
+                tags = {PARENT_TAG: cell_runs[config["cell"]], CELL_TAG: config["cell"], SWEEP_TAG: sweep.name,
+                        OPTUNA_TAG: str(config["optuna_trial"]), **spec.axes()}
+                params = {**spec.flat_params(), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
+                self.runs[trial.trial_id] = tracker.start_trial_run(experiment_id, config["train_run"], key, params, tags)
+            return self.runs[trial.trial_id]
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.started.setdefault(trial.trial_id, time.perf_counter())
+            self._run_id(trial)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            run_id = self._run_id(trial)
+            if "epoch" in result and "final" not in result:
+                metrics = {k: v for k, v in result.items() if k.startswith(("val_", "train_", "epoch_")) and isinstance(v, (int, float))}
+                tracker.log_metrics(run_id, metrics, step=int(result["epoch"]))
+            if result.get("final"):
+                wall = time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter())
+                tracker.log_metrics(run_id, {
+                    "best_val_ndcg_at_10": result["val_ndcg_at_10"], "best_epoch": result["best_epoch"],
+                    "time_trial_wall_seconds": wall, "time_training_seconds": result["training_seconds"],
+                    "time_overhead_seconds": wall - result["training_seconds"],
+                })
+                tracker.set_tags(run_id, {"best_checkpoint": result["best_checkpoint"]})
+            if result.get("failure"):
+                tracker.set_tags(run_id, {"failure": result["failure"]})
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            run_id = self._run_id(trial)
+            failed = trial.last_result.get("failure") if trial.last_result else None
+            tracker.finish(run_id, "FAILED" if failed else "FINISHED")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            run_id = self._run_id(trial)
+            error = str(getattr(trial, "error_msg", None) or "error").strip().splitlines()
+            tracker.set_tags(run_id, {"failure": "error", "error": (error[-1] if error else "error")[:500]})
+            tracker.finish(run_id, "FAILED")
+
+    return MlflowTrialLogger()
+
+
+def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: list[Cell]) -> dict[str, str]:
+    """Find or create the parent run of every runnable cell (deterministic identity: the cell key)."""
+    runs = {}
+    for cell in cells:
+        existing = tracker.find_run(experiment_id, cell.key)
+        if existing is not None:
+            runs[cell.key] = existing.info.run_id
+            continue
+        run = tracker.client.create_run(experiment_id, run_name=f"{'/'.join(cell.axes.values())}", tags={
+            TRIAL_KEY_TAG: cell.key, KIND_TAG: "cell", CELL_TAG: cell.key, SWEEP_TAG: sweep.name,
+            "baseline": str(cell.is_baseline).lower(), **cell.axes})
+        tracker.log_json(run.info.run_id, "", "cell.json", {"axes": cell.axes, "searched": list(cell.searched),
+                                                             "spec": cell.spec.model_dump(mode="json", by_alias=True)})
+        runs[cell.key] = run.info.run_id
+    return runs
+
+
+def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> int:
+    import ray
+
+    if sweep.search.max_concurrent_trials:
+        return sweep.search.max_concurrent_trials
+    resources = ray.cluster_resources()
+    spec = cells[0].spec
+    per_trial = spec.resources.workers * spec.resources.cpus_per_worker
+    return max(1, int(resources.get("CPU", 1) // per_trial))
+
+
+def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
+              fail_cells: set[str] | None = None) -> dict:
+    """Run (or finish) the sweep; returns the dry-run report of the end state."""
+    import optuna
+    import ray.tune
+
+    from orchestrator.execution import init_ray
+    from workloads.trial import prepare_trial
+
+    paths = sweep_paths(sweep, storage_root)
+    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    if not cells:
+        raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")
+    experiment_id = tracker.experiment_id(sweep.name)
+    cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
+
+    _log(f"preparing data for {len(cells)} cells")
+    for cell in cells:
+        prepare_trial(cell.spec)  # indexes, runs, training sets: once, in the driver, before trials race
+
+    searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url)
+    requeued = sum(requeue_interrupted(s) for s in searcher.studies.values())
+    if requeued:
+        _log(f"{requeued} trial(s) interrupted by a previous driver will resume from their checkpoints")
+    remaining = searcher.remaining()
+    if remaining:
+        init_ray(ray_address)
+        concurrent = _max_concurrent(sweep, cells)
+        _log(f"{remaining} trial(s) to run, up to {concurrent} at a time")
+        searcher.extra_config = {"storage": str(paths.ray_storage)}
+        searcher.failing_cells = set(fail_cells or ())
+        tuner = ray.tune.Tuner(
+            ray.tune.with_resources(_sweep_trial, {"cpu": 0.01}),  # the Train workers hold the real resources
+            tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+                                            max_concurrent_trials=concurrent),
+            run_config=ray.tune.RunConfig(
+                name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
+                failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
+                callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep)], verbose=0,
+            ),
+        )
+        with contextlib.redirect_stdout(sys.stderr):  # Tune's tables must not mix with --json on stdout
+            tuner.fit()
+
+    _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address)
+    return dry_run_report(sweep, paths)
+
+
+def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address) -> None:
+    import optuna
+
+    from orchestrator.execution import evaluate_on_ray, init_ray
+    from workloads.trial import prepare_trial
+
+    for cell in cells:
+        run_id = cell_runs[cell.key]
+        if tracker.client.get_run(run_id).info.status == "FINISHED":
+            continue  # evaluated by an earlier invocation
+        study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
+        complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        if not complete:
+            tracker.set_tags(run_id, {"failure": "all trials failed"})
+            tracker.finish(run_id, "FAILED")
+            continue
+        winner = max(complete, key=lambda t: t.value)
+        child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
+        checkpoint = child.data.tags["best_checkpoint"]
+        spec = apply_params(cell.spec, winner.params)
+        init_ray(ray_address)
+        _log(f"{cell.key} ({'/'.join(cell.axes.values())}): winner trial {winner.number} "
+             f"(val nDCG@10 {winner.value:.4f}) -> test{' + zero-shot' if sweep.zero_shot else ''}")
+        targets = [(spec.data.collection, spec.data.test_split, "test_")]
+        targets += [(t.collection, t.split, f"zs_{t.collection.rsplit('/', 1)[-1]}_{t.split}_") for t in sweep.zero_shot]
+        for collection, split, prefix in targets:
+            target = spec.model_copy(update={"data": spec.data.model_copy(update={
+                "test_collection": None if collection == spec.data.collection else collection, "test_split": split})})
+            prepared = prepare_trial(target)
+            evaluation, _ = evaluate_on_ray(target, prepared, checkpoint)
+            tracker.log_evaluation(run_id, prefix, evaluation)
+            tracker.log_metrics(run_id, {f"bm25_{prefix}{k}": v for k, v in prepared.first_stage_test.aggregate.items()})
+        tracker.log_metrics(run_id, {"best_val_ndcg_at_10": winner.value, "trials_complete": len(complete)})
+        tracker.set_tags(run_id, {WINNER_TAG: child.info.run_id, "winner_params": str(winner.params)})
+        tracker.set_tags(child.info.run_id, {WINNER_TAG: "true"})
+        tracker.finish(run_id, "FINISHED")
+
+
+def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict:
+    """Progress from MLflow (runs) and Optuna (trials left): nothing is started."""
+    plan = dry_run_report(sweep, sweep_paths(sweep, storage_root))
+    experiment = tracker.client.get_experiment_by_name(sweep.name)
+    runs = tracker.client.search_runs([experiment.experiment_id], max_results=50_000) if experiment else []
+    cells = [r for r in runs if r.data.tags.get(KIND_TAG) == "cell"]
+    trials = [r for r in runs if r.data.tags.get(KIND_TAG) == "trial"]
+    by_status = lambda rs, s: [r for r in rs if r.info.status == s]  # noqa: E731
+    running_cells = {r.data.tags.get(CELL_TAG) for r in by_status(trials, "RUNNING")}
+    scored = [r for r in trials if "best_val_ndcg_at_10" in r.data.metrics]
+    best = max(scored, key=lambda r: r.data.metrics["best_val_ndcg_at_10"], default=None)
+    walls = [r.data.metrics["time_trial_wall_seconds"] for r in trials if "time_trial_wall_seconds" in r.data.metrics]
+    mean_wall = sum(walls) / len(walls) if walls else None
+    parallel = max(1, len(by_status(trials, "RUNNING")))
+    return {
+        "sweep": sweep.name,
+        "cells": plan["runnable_cells"],
+        "cells_done": len(by_status(cells, "FINISHED")),
+        "cells_failed": len(by_status(cells, "FAILED")),
+        "cells_running": len(running_cells),
+        "cells_pending": plan["runnable_cells"] - len(by_status(cells, "FINISHED")) - len(by_status(cells, "FAILED")) - len(running_cells),
+        "trials_finished": len(by_status(trials, "FINISHED")),
+        "trials_failed": len(by_status(trials, "FAILED")),
+        "trials_running": len(by_status(trials, "RUNNING")),
+        "trials_to_run": plan["trials_to_run"],
+        "best": {"cell": best.data.tags.get(CELL_TAG), "axes": "/".join(best.data.tags.get(k, "") for k in ("model", "loss", "augmentation", "size")),
+                 "value": best.data.metrics["best_val_ndcg_at_10"]} if best else None,
+        "mean_trial_seconds": mean_wall,
+        "eta_seconds": mean_wall * plan["trials_to_run"] / parallel if mean_wall is not None else None,
+        "failed_trials": [f"{r.info.run_name} ({r.data.tags.get(CELL_TAG)}): {r.data.tags.get('failure', '?')} "
+                          f"{r.data.tags.get('error', '')}".strip() for r in by_status(trials, "FAILED")],
+    }
