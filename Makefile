@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/orchestrate run search_spaces/trial-scifact.yaml
+	$(VENV)/bin/orchestrate sweep search_spaces/demo.yaml
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q

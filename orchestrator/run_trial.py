@@ -43,9 +43,12 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
               force: bool = False, experiment: str | None = None) -> TrialReport:
     key = trial_key(spec)
     experiment_id = tracker.experiment_id(experiment or spec.name)
-    finished = tracker.find_run(experiment_id, key, status="FINISHED")
+    # The same trial (same resolved config, whatever its name) finished in any experiment of
+    # this store is reused, not recomputed.
+    finished = tracker.find_run(None, key, status="FINISHED")
     if finished is not None and not force:
-        _log(f"trial {key} already finished in MLflow run {finished.info.run_id}: reusing its results (--force reruns)")
+        _log(f"trial {key} already finished in MLflow run {finished.info.run_id} "
+             f"(experiment {finished.info.experiment_id}): reusing its results (--force reruns)")
         metrics = dict(finished.data.metrics)
         return TrialReport(finished.info.run_id, True, int(metrics.get("best_epoch", 0)), metrics)
 

@@ -58,11 +58,15 @@ def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study
                                load_if_exists=True)
 
 
-def used_trials(study: optuna.Study) -> int:
+def finished_trials(study: optuna.Study) -> int:
+    """Trials that used up one of the cell's slots: COMPLETE, or FAIL after their retries."""
     states = optuna.trial.TrialState
     return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state in (states.COMPLETE, states.RUNNING, states.WAITING)
-               or (t.state == states.FAIL and t.user_attrs.get(COUNTED)))
+               if t.state == states.COMPLETE or (t.state == states.FAIL and t.user_attrs.get(COUNTED)))
+
+
+def running_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
 def requeue_interrupted(study: optuna.Study) -> int:
@@ -91,14 +95,15 @@ class CellStudiesSearcher(Searcher):
         self._next = 0
 
     def remaining(self) -> int:
-        return sum(max(0, self.search.trials_per_cell - used_trials(s)) for s in self.studies.values())
+        return sum(max(0, self.search.trials_per_cell - finished_trials(s) - running_trials(s)) for s in self.studies.values())
 
     def suggest(self, trial_id: str):
         for offset in range(len(self.cells)):
             cell = self.cells[(self._next + offset) % len(self.cells)]
             study = self.studies[cell.key]
-            if used_trials(study) >= self.search.trials_per_cell:
+            if finished_trials(study) + running_trials(study) >= self.search.trials_per_cell:
                 continue
+            # ask() hands out enqueued (interrupted, WAITING) trials first
             self._next = (self._next + offset + 1) % len(self.cells)
             trial = study.ask()
             params = sample(trial, cell, self.search)

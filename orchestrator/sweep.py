@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.search import TRAIN_RUN, CellStudiesSearcher, apply_params, requeue_interrupted, used_trials
+from orchestrator.search import TRAIN_RUN, CellStudiesSearcher, apply_params, finished_trials, requeue_interrupted
 from orchestrator.sweep_spec import Cell, SweepSpec, expand_grid
 from orchestrator.tracking import KIND_TAG, TRIAL_KEY_TAG, Tracker
 from workloads.spec import TrialSpec
@@ -60,7 +60,7 @@ def sweep_paths(sweep: SweepSpec, storage_root: Path) -> SweepPaths:
 @dataclass
 class CellProgress:
     cell: Cell
-    trials_used: int
+    trials_finished: int
     trials_complete: int
     trials_failed: int
     best: float | None
@@ -83,7 +83,7 @@ def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
         complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
         failed = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("counted")]
         best = max((t.value for t in complete), default=None)
-        out.append(CellProgress(cell, used_trials(study), len(complete), len(failed), best))
+        out.append(CellProgress(cell, finished_trials(study), len(complete), len(failed), best))
     return out
 
 
@@ -132,7 +132,9 @@ def _sweep_trial(config: dict) -> None:
     from workloads.trial import prepare_trial
 
     spec = TrialSpec.model_validate(config["spec"])
-    if config.get("fail_on_purpose"):
+    if config.get("fail_on_purpose"):  # test hook (--fail-cell): count the attempt, then raise
+        with open(Path(config["storage"]) / "failed_attempts.log", "a") as log:
+            log.write(config["train_run"] + "\n")
         raise RuntimeError("fail_on_purpose: this trial raises (test hook)")
     prepared = prepare_trial(spec)  # cached by content: only a new k_a builds anything
     trainer = make_trainer(spec, prepared.training, Path(config["storage"]), config["train_run"], [TuneReportCallback()])

@@ -49,11 +49,13 @@ class Tracker:
             artifact_location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts" / name).resolve().as_uri()
         return self.client.create_experiment(name, artifact_location=artifact_location)
 
-    def find_run(self, experiment_id: str, trial_key: str, status: str | None = None):
+    def find_run(self, experiment_id: str | None, trial_key: str, status: str | None = None):
+        """The run with this identity in ``experiment_id`` (None: in any experiment of the store)."""
         query = f"tags.`{TRIAL_KEY_TAG}` = '{trial_key}'"
         if status:
             query += f" and attributes.status = '{status}'"
-        runs = self.client.search_runs([experiment_id], filter_string=query, max_results=10)
+        experiments = [experiment_id] if experiment_id else [e.experiment_id for e in self.client.search_experiments()]
+        runs = self.client.search_runs(experiments, filter_string=query, max_results=10)
         return runs[0] if runs else None
 
     def start_trial_run(self, experiment_id: str, run_name: str, trial_key: str, params: dict[str, str], tags: dict[str, str]) -> str:

@@ -1,0 +1,193 @@
+"""`orchestrate sweep` end to end with a tiny random BERT on real SciFact data: exact MLflow
+run counts, retries then failure of a raising trial, status, idempotent reruns, resume
+after SIGKILL, and the doc19 dry run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1) -> Path:
+    config = {
+        "name": name,
+        "base": {
+            "data": {"collection": "beir/scifact", "validation_queries": 5},
+            "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+            "optimization": {"epochs": epochs, "batch_size": 8},
+            "resources": {"workers": 1, "cpus_per_worker": 1},
+        },
+        "grid": {"models": [str(model_dir)], "max_length": 64, "losses": losses,
+                 "augmentations": [{"method": "bm25", "k": 2}], "sizes": [16]},
+        "search": {"trials_per_cell": 2, "learning_rate": {"low": 1e-4, "high": 1e-3, "log": True},
+                   "lambda": {"low": 0.1, "high": 0.9}, "tau": {"low": 0.05, "high": 0.5, "log": True},
+                   "contrastive_margin": {"low": 0.2, "high": 1.0}, "k": {"choices": [1, 2]}},
+        "max_failures": 1,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def orchestrate(work: Path, *args, background=False):
+    cmd = [sys.executable, "-m", "orchestrator.cli", *args]
+    if background:
+        return subprocess.Popen(cmd, cwd=work, env=dict(os.environ), stdout=subprocess.DEVNULL,
+                                stderr=open(work / "background.err", "w"), start_new_session=True)
+    return subprocess.run(cmd, cwd=work, env=dict(os.environ), capture_output=True, text=True, timeout=1200)
+
+
+def mlflow_runs(uri: str, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    return client, (client.search_runs([found.experiment_id], max_results=1000) if found else [])
+
+
+def by_kind(runs, kind):
+    return [r for r in runs if r.data.tags.get("rerank_lab.kind") == kind]
+
+
+@pytest.fixture(scope="module")
+def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
+    work = tmp_path_factory.mktemp("sweep")
+    spec = sweep_yaml(work / "tiny.yaml", tiny_model_dir, "tiny-fail",
+                      [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}])
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    common = ["--storage", str(work / "store"), "--tracking-uri", uri]
+    plan = json.loads(orchestrate(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
+    failing = next(c["key"] for c in plan["cells_detail"] if c["loss"] == "pointwise+ctriplet")
+    first = orchestrate(work, "sweep", str(spec), "--json", "--fail-cell", failing, *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return work, spec, uri, common, failing, plan, json.loads(first.stdout)
+
+
+def test_dry_run_counts_before_running(failing_sweep):
+    *_, plan, _ = failing_sweep
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["mlflow_runs_planned"]) == (3, 1, 6, 9)
+    assert plan["trials_done"] == 0
+    searched = {c["loss"]: set(c["searched"]) for c in plan["cells_detail"]}
+    assert searched["pointwise"] == {"learning_rate"}  # conditional spaces: tau only where the loss has it
+    assert searched["pointwise+scl"] == {"learning_rate", "lambda_", "tau", "k"}
+    assert searched["pointwise+ctriplet"] == {"learning_rate", "lambda_", "contrastive_margin", "k"}
+
+
+def test_exact_runs_tags_and_metrics(failing_sweep):
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    client, runs = mlflow_runs(uri, "tiny-fail")
+    cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
+    assert len(cells) == 3 and len(trials) == 6
+    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 9  # no duplicates
+    parents = {r.info.run_id for r in cells}
+    for trial in trials:
+        assert trial.data.tags["mlflow.parentRunId"] in parents
+        assert {"model", "loss", "augmentation", "size", "seed", "rerank_lab.cell"} <= set(trial.data.tags)
+    finished = [t for t in trials if t.info.status == "FINISHED"]
+    assert len(finished) == 4
+    for trial in finished:
+        assert "best_val_ndcg_at_10" in trial.data.metrics and trial.data.metrics["time_overhead_seconds"] > 0
+        assert len(client.get_metric_history(trial.info.run_id, "val_ndcg_at_10")) == 1  # one epoch, logged once
+    winners = [c for c in cells if c.info.status == "FINISHED"]
+    assert len(winners) == 2
+    for cell in winners:
+        assert 0 <= cell.data.metrics["test_ndcg_at_10"] <= 1 and "rerank_lab.winner" in cell.data.tags
+        assert cell.data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(0.6789, abs=0.002)
+
+
+def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_sweep):
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    attempts = Counter((work / "store" / "tiny-fail" / "ray" / "failed_attempts.log").read_text().split())
+    assert len(attempts) == 2 and set(attempts.values()) == {2}  # max_failures 1: one retry each
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    failed = [r for r in by_kind(runs, "trial") if r.info.status == "FAILED"]
+    assert {r.data.tags["rerank_lab.cell"] for r in failed} == {failing}
+    assert all(r.data.tags["failure"] == "error" for r in failed)
+    failed_cell = [r for r in by_kind(runs, "cell") if r.info.status == "FAILED"]
+    assert [r.data.tags["rerank_lab.cell"] for r in failed_cell] == [failing]
+    status = orchestrate(work, "status", str(spec), "--json", *common)
+    data = json.loads(status.stdout)
+    assert (data["cells_done"], data["cells_failed"], data["trials_finished"], data["trials_failed"]) == (2, 1, 4, 2)
+    assert len(data["failed_trials"]) == 2 and data["best"] is not None
+
+
+def test_rerun_of_a_finished_sweep_creates_nothing(failing_sweep):
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    again = orchestrate(work, "sweep", str(spec), "--json", "--fail-cell", failing, *common)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["trials_to_run"] == 0
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    assert len(runs) == 9
+
+
+def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tiny_model_dir, scifact_dir):
+    spec = sweep_yaml(tmp_path / "kill.yaml", tiny_model_dir, "tiny-kill", [{"ranking": "pointwise", "contrastive": "scl"}], epochs=2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
+    mlflow_runs(uri, "tiny-kill")  # create the store first: two processes migrating a new SQLite DB collide
+    driver = orchestrate(tmp_path, "sweep", str(spec), *common, background=True)
+    deadline = time.time() + 900
+    finished_before = []
+    while time.time() < deadline and driver.poll() is None:
+        time.sleep(3)
+        _, runs = mlflow_runs(uri, "tiny-kill")
+        finished_before = [r for r in by_kind(runs, "trial") if r.info.status == "FINISHED"]
+        if finished_before:
+            break
+    assert driver.poll() is None, "the sweep ended before it could be killed"
+    assert finished_before, (tmp_path / "background.err").read_text()[-3000:]
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started: a crash, not a shutdown
+    driver.wait()
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    done_keys = {r.data.tags["rerank_lab.trial_key"] for r in finished_before}
+
+    rerun = orchestrate(tmp_path, "sweep", str(spec), "--json", *common)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout)["trials_to_run"] == 0
+    client, runs = mlflow_runs(uri, "tiny-kill")
+    cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
+    assert len(cells) == 2 and len(trials) == 4
+    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 6
+    assert all(r.info.status == "FINISHED" for r in runs)
+    for trial in trials:
+        history = client.get_metric_history(trial.info.run_id, "epoch_train_seconds")
+        if trial.data.tags["rerank_lab.trial_key"] in done_keys:  # finished before the kill: not retrained
+            assert sorted(m.step for m in history) == [1, 2]
+    import optuna
+
+    for cell in cells:
+        study = optuna.load_study(study_name=cell.data.tags["rerank_lab.cell"],
+                                  storage=f"sqlite:///{tmp_path / 'store' / 'tiny-kill' / 'optuna.db'}")
+        assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == 2
+
+
+def test_doc19_dry_run_counts():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
+                           "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True,
+                          cwd=REPO, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    # 3 models x 5 sizes x (1 baseline + 4 losses x 4 augmentations) = 255 cells, x 4 trials = 1,020 trial runs
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"]) == (255, 15, 1020)
+    assert plan["unavailable_cells"] == 120  # attention and linear selectors have no workload yet
+    assert set(plan["unavailable_reasons"]) == {"augmentation 'attention' has no workload yet",
+                                                 "augmentation 'linear' has no workload yet"}
+    human = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
+                            "--dry-run", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True, cwd=REPO)
+    assert "255 cells" in human.stdout and "1020 trial runs" in human.stdout
+
+
+def test_demo_sweep_loads():
+    from orchestrator.cli import _load_sweep
+    from orchestrator.sweep_spec import expand_grid
+
+    cells = expand_grid(_load_sweep(str(REPO / "search_spaces" / "demo.yaml")))
+    assert len(cells) == 10 and all(c.spec is not None for c in cells)
