@@ -41,7 +41,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
     # without it the driver log fills with "State API may be temporarily unavailable".
-    kwargs = {"address": address} if address else {"num_cpus": num_cpus}
+    # address="local" starts a fresh Ray: plain ray.init() would attach to any cluster a
+    # `ray start` left running on this machine.
+    kwargs = {"address": address} if address else {"address": "local", "num_cpus": num_cpus}
     ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True, **kwargs)
 
 
@@ -119,8 +121,9 @@ def train_on_ray(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, ru
     return epoch_results(make_trainer(spec, inputs, storage_path, run_name).fit())
 
 
-def evaluate_on_ray(spec: TrialSpec, prepared, checkpoint: str):
-    """Re-rank the test candidates with ``checkpoint`` in a Ray task (on a GPU when there is one)."""
+def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str):
+    """Start re-ranking the test candidates with ``checkpoint`` as a Ray task (a GPU when the
+    cluster has one); returns its ObjectRef, so many evaluations can share the cluster."""
     import ray
 
     from workloads.trial import evaluate_checkpoint
@@ -134,4 +137,11 @@ def evaluate_on_ray(spec: TrialSpec, prepared, checkpoint: str):
         device = torch.device("cuda") if use_gpu else torch.device("cpu")
         return evaluate_checkpoint(Path(checkpoint), prepared, spec, device)
 
-    return ray.get(evaluate_task.remote())
+    return evaluate_task.remote()
+
+
+def evaluate_on_ray(spec: TrialSpec, prepared, checkpoint: str):
+    """Re-rank the test candidates with ``checkpoint``; returns (evaluation, run)."""
+    import ray
+
+    return ray.get(submit_evaluation(spec, prepared, checkpoint))

@@ -274,7 +274,10 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
         searcher.extra_config = {"storage": str(paths.ray_storage)}
         searcher.failing_cells = set(fail_cells or ())
         tuner = ray.tune.Tuner(
-            ray.tune.with_resources(_sweep_trial, {"cpu": 0.01}),  # the Train workers hold the real resources
+            # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
+            # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
+            # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
+            ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
             tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
                                             max_concurrent_trials=concurrent),
             run_config=ray.tune.RunConfig(
@@ -291,11 +294,14 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
 
 
 def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address) -> None:
+    """Test every cell's winner (and zero-shot), all evaluations in flight at once."""
     import optuna
+    import ray
 
-    from orchestrator.execution import evaluate_on_ray, init_ray
+    from orchestrator.execution import init_ray, submit_evaluation
     from workloads.trial import prepare_trial
 
+    pending = []  # (cell, run id, winner, child run, [(prefix, prepared, ObjectRef)])
     for cell in cells:
         run_id = cell_runs[cell.key]
         if tracker.client.get_run(run_id).info.status == "FINISHED":
@@ -311,21 +317,28 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         checkpoint = child.data.tags["best_checkpoint"]
         spec = apply_params(cell.spec, winner.params)
         init_ray(ray_address)
-        _log(f"{cell.key} ({'/'.join(cell.axes.values())}): winner trial {winner.number} "
-             f"(val nDCG@10 {winner.value:.4f}) -> test{' + zero-shot' if sweep.zero_shot else ''}")
         targets = [(spec.data.collection, spec.data.test_split, "test_")]
         targets += [(t.collection, t.split, f"zs_{t.collection.rsplit('/', 1)[-1]}_{t.split}_") for t in sweep.zero_shot]
+        jobs = []
         for collection, split, prefix in targets:
             target = spec.model_copy(update={"data": spec.data.model_copy(update={
                 "test_collection": None if collection == spec.data.collection else collection, "test_split": split})})
             prepared = prepare_trial(target)
-            evaluation, _ = evaluate_on_ray(target, prepared, checkpoint)
+            jobs.append((prefix, prepared, submit_evaluation(target, prepared, checkpoint)))
+        pending.append((cell, run_id, winner, complete, child, jobs))
+    if pending:
+        _log(f"testing the winners of {len(pending)} cells ({sum(len(p[-1]) for p in pending)} evaluations)")
+    for cell, run_id, winner, complete, child, jobs in pending:
+        for prefix, prepared, ref in jobs:
+            evaluation, _ = ray.get(ref)
             tracker.log_evaluation(run_id, prefix, evaluation)
             tracker.log_metrics(run_id, {f"bm25_{prefix}{k}": v for k, v in prepared.first_stage_test.aggregate.items()})
         tracker.log_metrics(run_id, {"best_val_ndcg_at_10": winner.value, "trials_complete": len(complete)})
         tracker.set_tags(run_id, {WINNER_TAG: child.info.run_id, "winner_params": str(winner.params)})
         tracker.set_tags(child.info.run_id, {WINNER_TAG: "true"})
         tracker.finish(run_id, "FINISHED")
+        _log(f"{cell.key} ({'/'.join(cell.axes.values())}): winner trial {winner.number} val nDCG@10 {winner.value:.4f}, "
+             f"test nDCG@10 {tracker.run_metrics(run_id)['test_ndcg_at_10']:.4f}")
 
 
 def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict:

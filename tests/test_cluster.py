@@ -43,12 +43,15 @@ def free_port() -> int:
 
 
 @pytest.fixture()
-def two_node_cluster(tmp_path):
+def two_node_cluster(tmp_path, monkeypatch):
     ray = [sys.executable, "-m", "ray.scripts.scripts"]
     port = free_port()
+    # Ray 2.59+ enables token authentication for clusters started by `ray start`; this one
+    # listens on loopback only, so the head, the worker and the drivers run without it.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    head = subprocess.run(ray + ["start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                                 "--disable-usage-stats"], capture_output=True, text=True, env=env)
+    head = subprocess.run(ray + ["start", "--head", f"--port={port}", "--num-cpus=1", "--dashboard-host=127.0.0.1",
+                                 "--dashboard-port", str(free_port()), "--disable-usage-stats"], capture_output=True, text=True, env=env)
     assert head.returncode == 0, head.stderr[-2000:]
     address = f"127.0.0.1:{port}"
     try:
@@ -56,7 +59,22 @@ def two_node_cluster(tmp_path):
         assert worker.returncode == 0, worker.stderr[-2000:]
         yield address
     finally:
-        subprocess.run(ray + ["stop", "--force"], capture_output=True, env=env)
+        stop_cluster(port)
+
+
+def stop_cluster(port: int) -> None:
+    """Kill only this cluster's processes (`ray stop` would stop every Ray on the machine)."""
+    import psutil
+
+    marker = f"127.0.0.1:{port}"
+    mine = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if marker in cmdline or f"--gcs_server_port={port}" in cmdline:
+            mine.append(process)
+    for process in mine:
+        process.kill()
+    psutil.wait_procs(mine, timeout=30)
 
 
 def test_tiny_sweep_on_a_two_node_cluster(two_node_cluster, tmp_path, tiny_model_dir, scifact_dir):
