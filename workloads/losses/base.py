@@ -39,3 +39,17 @@ class PairLoss(nn.Module):
     def _nothing_to_compare(self, outputs: ModelOutputs) -> torch.Tensor:
         self.degenerate_batches += 1
         return (outputs.scores.sum() + outputs.phi.sum()) * 0.0  # zero that keeps the graph
+
+
+class MarginPairLoss(PairLoss):
+    """A loss whose one hyper-parameter is a margin (hinge, centroid triplet, triplet margin)."""
+
+    default_margin: float = 1.0
+
+    def __init__(self, margin: float | None = None) -> None:
+        super().__init__()
+        self.margin = self.default_margin if margin is None else margin
+
+    @property
+    def config(self) -> dict[str, float]:
+        return {"margin": self.margin}

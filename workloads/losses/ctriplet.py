@@ -1,10 +1,10 @@
 import torch
 
-from workloads.losses.base import ModelOutputs, PairLoss
+from workloads.losses.base import MarginPairLoss, ModelOutputs
 from workloads.losses.contrastive import normalized
 
 
-class RankingCTriplet(PairLoss):
+class RankingCTriplet(MarginPairLoss):
     """RankingCTriplet: centroid triplet loss per query (AUG eq. 19-21).
 
     Reading implemented (the standard centroid triplet loss of Wieczorek et al., which AUG
@@ -17,14 +17,7 @@ class RankingCTriplet(PairLoss):
     """
 
     name = "ctriplet"
-
-    def __init__(self, margin: float = 0.5) -> None:
-        super().__init__()
-        self.margin = margin
-
-    @property
-    def config(self) -> dict[str, float]:
-        return {"margin": self.margin}
+    default_margin = 0.5
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         phi = normalized(outputs.phi)

@@ -1,9 +1,9 @@
 import torch
 
-from workloads.losses.base import ModelOutputs, PairLoss
+from workloads.losses.base import MarginPairLoss, ModelOutputs
 
 
-class MaxHinge(PairLoss):
+class MaxHinge(MarginPairLoss):
     """Max-hinge ranking loss (MHL): max(0, m - y^+ + max_i y^-_i) per positive.
 
     CFT eq. 2: the hardest negative is the highest-scoring non-relevant pair of the same
@@ -11,14 +11,7 @@ class MaxHinge(PairLoss):
     """
 
     name = "mhl"
-
-    def __init__(self, margin: float = 1.0) -> None:
-        super().__init__()
-        self.margin = margin
-
-    @property
-    def config(self) -> dict[str, float]:
-        return {"margin": self.margin}
+    default_margin = 1.0
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         s = outputs.scores

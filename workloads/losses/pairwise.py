@@ -1,23 +1,16 @@
 import torch
 
-from workloads.losses.base import ModelOutputs, PairLoss
+from workloads.losses.base import MarginPairLoss, ModelOutputs
 
 
-class PairwiseHinge(PairLoss):
+class PairwiseHinge(MarginPairLoss):
     """Pairwise ranking loss (single hinge, SHL): mean of max(0, m - y^+ + y^-) over triples.
 
     AUG eq. 4; CFT eq. 1. Each positive is compared with the negative of its own triple.
     """
 
     name = "pairwise"
-
-    def __init__(self, margin: float = 1.0) -> None:
-        super().__init__()
-        self.margin = margin
-
-    @property
-    def config(self) -> dict[str, float]:
-        return {"margin": self.margin}
+    default_margin = 1.0
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         s = outputs.scores

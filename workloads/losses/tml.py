@@ -1,10 +1,10 @@
 import torch
 
-from workloads.losses.base import ModelOutputs, PairLoss
+from workloads.losses.base import MarginPairLoss, ModelOutputs
 from workloads.losses.contrastive import distances, normalized
 
 
-class TripletMargin(PairLoss):
+class TripletMargin(MarginPairLoss):
     """TML: triplet margin loss over relevance classes (CFT eq. 3).
 
     Anchor a = a relevant pair (q, d+); k+ = a relevant pair of a *different* query in the
@@ -13,14 +13,7 @@ class TripletMargin(PairLoss):
     """
 
     name = "tml"
-
-    def __init__(self, margin: float = 0.5) -> None:
-        super().__init__()
-        self.margin = margin
-
-    @property
-    def config(self) -> dict[str, float]:
-        return {"margin": self.margin}
+    default_margin = 0.5
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         phi = normalized(outputs.phi)
