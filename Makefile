@@ -18,6 +18,7 @@ install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/orchestrate sweep search_spaces/demo.yaml
+	$(VENV)/bin/orchestrate report search_spaces/demo.yaml
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q

@@ -14,6 +14,8 @@ from pathlib import Path
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES
 
+RENDER_FORMATS = ("md", "latex", "csv")
+
 EXIT_INPUT_ERROR = 2
 
 
@@ -160,7 +162,7 @@ def _load_sweep(path: str):
 def _print_plan(report: dict) -> None:
     print(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
           f"{report['trials_per_cell']} trials per cell -> {report['trials_planned']} trial runs, "
-          f"{report['mlflow_runs_planned']} MLflow runs (cells + trials)")
+          f"{report['mlflow_runs_planned']} MLflow runs (sweep + cells + trials)")
     if report["unavailable_cells"]:
         reasons = "; ".join(f"{n} cells: {why}" for why, n in report["unavailable_reasons"].items())
         print(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
@@ -213,6 +215,33 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"ETA: {status['eta_seconds'] / 60:.0f} min ({status['mean_trial_seconds']:.0f}s per trial)")
     for failure in status["failed_trials"]:
         print(f"failed: {failure}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator.report import ReportRequest, build_report, parse_select
+    from orchestrator.results import metric_key
+    from orchestrator.tables import TableOptions
+    from orchestrator.tracking import Tracker, resolve_tracking_uri
+
+    sweeps = [_load_sweep(path) for path in args.sweeps]
+    options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits)
+    request = ReportRequest(options=options, rows=tuple(a.strip() for a in args.rows.split(",") if a.strip()), cols=args.cols,
+                            collection=args.collection, output_format=args.format, zero_shot=args.zero_shot,
+                            transfer=args.transfer, select=parse_select(args.select), plots=not args.no_plots)
+    output = build_report(sweeps, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.out), request)
+    print(output.text)
+    print("written: " + ", ".join(str(p) for p in output.files), file=sys.stderr)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from orchestrator.compare import compare_runs, format_comparison
+    from orchestrator.tracking import Tracker, resolve_tracking_uri
+
+    result = compare_runs(Tracker(resolve_tracking_uri(args.tracking_uri)), args.run_a, args.run_b,
+                          collection=args.collection, test=args.test, top=args.top)
+    print(json.dumps(result, indent=2) if args.json else format_comparison(result))
     return 0
 
 
@@ -278,6 +307,38 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--tracking-uri")
     status.add_argument("--storage", default=".orchestrate/sweeps")
     status.set_defaults(func=cmd_status)
+
+    from workloads.significance import CORRECTIONS, PAIRED_TESTS
+
+    report = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps")
+    report.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep YAML(s); several for --transfer")
+    report.add_argument("--metric", default="ndcg@10", help="nDCG@10 (default), nDCG@20, RR@10, RR@100, AP, MAP@20, P@1")
+    report.add_argument("--rows", default="model,size", help="row axes (default model,size)")
+    report.add_argument("--cols", default="augmentation", choices=["augmentation", "loss", "model", "size"],
+                        help="column axis (default augmentation; the other axes follow it in the column label)")
+    report.add_argument("--collection", help="test collection: the sweep's own (default) or a zero-shot one by name")
+    report.add_argument("--format", default="md", choices=list(RENDER_FORMATS), help="printed format (all three are written)")
+    report.add_argument("--test", default="t", choices=list(PAIRED_TESTS), help="paired test against the baseline (default t)")
+    report.add_argument("--correction", default="none", choices=list(CORRECTIONS), help="across the table's comparisons")
+    report.add_argument("--digits", type=int, default=4)
+    report.add_argument("--zero-shot", action="store_true", help="also the zero-shot table (collections x models, AUG Table 4)")
+    report.add_argument("--transfer", action="store_true", help="also the transfer matrix (train x test collection) of the sweeps")
+    report.add_argument("--select", help="the system of the zero-shot and transfer tables, e.g. loss=pointwise+scl,augmentation=bm25,size=1000 "
+                                         "(default: best validation nDCG@10 at the largest size)")
+    report.add_argument("--out", default=".orchestrate/reports", help="directory for tables and figures (default .orchestrate/reports)")
+    report.add_argument("--no-plots", action="store_true")
+    report.add_argument("--tracking-uri")
+    report.set_defaults(func=cmd_report)
+
+    compare = sub.add_parser("compare", help="two MLflow runs (cells or tested trials): measures, p-values, most changed queries")
+    compare.add_argument("run_a", metavar="RUN_A")
+    compare.add_argument("run_b", metavar="RUN_B")
+    compare.add_argument("--collection", help="test (default) or a zero-shot collection name")
+    compare.add_argument("--test", default="t", choices=list(PAIRED_TESTS))
+    compare.add_argument("--top", type=int, default=10, help="queries shown (default 10)")
+    compare.add_argument("--json", action="store_true")
+    compare.add_argument("--tracking-uri")
+    compare.set_defaults(func=cmd_compare)
 
     ui = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose)")
     ui.add_argument("--tracking-uri")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.search import TRAIN_RUN, CellStudiesSearcher, apply_params, finished_trials, requeue_interrupted
-from orchestrator.sweep_spec import Cell, SweepSpec, expand_grid
+from orchestrator.sweep_spec import TEST_PREFIX, Cell, SweepSpec, expand_grid
 from orchestrator.tracking import KIND_TAG, TRIAL_KEY_TAG, Tracker
 from workloads.spec import TrialSpec
 
@@ -109,9 +109,9 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
         "trials_runnable": trials_runnable,
         "trials_done": trials_done,
         "trials_to_run": trials_runnable - trials_done,
-        # a parent run per cell + a child run per trial
-        "mlflow_runs_planned": len(rows) + per_cell * len(rows),
-        "mlflow_runs_runnable": len(runnable) + trials_runnable,
+        # the sweep's run + a run per cell (its child) + a run per trial (the cell's child)
+        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows),
+        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable,
         "cells_detail": [
             {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
              "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed, "best": r.best}
@@ -214,16 +214,31 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
     return MlflowTrialLogger()
 
 
+def sweep_run(tracker: Tracker, experiment_id: str, sweep_name: str) -> str:
+    """The sweep's own MLflow run, parent of its cell runs and home of its reports (found or created)."""
+    key = f"sweep:{sweep_name}"
+    existing = tracker.find_run(experiment_id, key)
+    if existing is not None:
+        return existing.info.run_id
+    run = tracker.client.create_run(experiment_id, run_name=f"sweep {sweep_name}",
+                                    tags={TRIAL_KEY_TAG: key, KIND_TAG: "sweep", SWEEP_TAG: sweep_name})
+    tracker.finish(run.info.run_id)  # it holds no computation of its own: nothing to resume
+    return run.info.run_id
+
+
 def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: list[Cell]) -> dict[str, str]:
     """Find or create the parent run of every runnable cell (deterministic identity: the cell key)."""
+    root = sweep_run(tracker, experiment_id, sweep.name)
     runs = {}
     for cell in cells:
         existing = tracker.find_run(experiment_id, cell.key)
         if existing is not None:
             runs[cell.key] = existing.info.run_id
+            if existing.data.tags.get(PARENT_TAG) != root:  # a store written before sweep runs existed
+                tracker.set_tags(existing.info.run_id, {PARENT_TAG: root})
             continue
         run = tracker.client.create_run(experiment_id, run_name=f"{'/'.join(cell.axes.values())}", tags={
-            TRIAL_KEY_TAG: cell.key, KIND_TAG: "cell", CELL_TAG: cell.key, SWEEP_TAG: sweep.name,
+            TRIAL_KEY_TAG: cell.key, KIND_TAG: "cell", CELL_TAG: cell.key, SWEEP_TAG: sweep.name, PARENT_TAG: root,
             "baseline": str(cell.is_baseline).lower(), **cell.axes})
         tracker.log_json(run.info.run_id, "", "cell.json", {"axes": cell.axes, "searched": list(cell.searched),
                                                              "spec": cell.spec.model_dump(mode="json", by_alias=True)})
@@ -317,8 +332,8 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         checkpoint = child.data.tags["best_checkpoint"]
         spec = apply_params(cell.spec, winner.params)
         init_ray(ray_address)
-        targets = [(spec.data.collection, spec.data.test_split, "test_")]
-        targets += [(t.collection, t.split, f"zs_{t.collection.rsplit('/', 1)[-1]}_{t.split}_") for t in sweep.zero_shot]
+        targets = [(spec.data.collection, spec.data.test_split, TEST_PREFIX)]
+        targets += [(t.collection, t.split, t.metric_prefix) for t in sweep.zero_shot]
         jobs = []
         for collection, split, prefix in targets:
             target = spec.model_copy(update={"data": spec.data.model_copy(update={

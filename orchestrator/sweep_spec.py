@@ -86,6 +86,14 @@ class EvaluationTarget(_Strict):
     collection: str
     split: str = "test"
 
+    @property
+    def metric_prefix(self) -> str:
+        """The prefix of this target's metrics on a cell run (``zs_<name>_<split>_``)."""
+        return f"zs_{self.collection.rsplit('/', 1)[-1]}_{self.split}_"
+
+
+TEST_PREFIX = "test_"  # the prefix of a cell winner's metrics on the sweep's own test split
+
 
 class SweepSpec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")

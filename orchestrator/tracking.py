@@ -35,6 +35,7 @@ class Tracker:
 
     def __init__(self, tracking_uri: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # per-file bars drown the report
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri

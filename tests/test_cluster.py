@@ -95,4 +95,4 @@ def test_tiny_sweep_on_a_two_node_cluster(two_node_cluster, tmp_path, tiny_model
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["trials_to_run"] == 0
     _, runs = mlflow_runs(uri, "tiny-cluster")
-    assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs)
+    assert len(runs) == 7 and all(r.info.status == "FINISHED" for r in runs)

@@ -73,7 +73,7 @@ def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
 
 def test_dry_run_counts_before_running(failing_sweep):
     *_, plan, _ = failing_sweep
-    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["mlflow_runs_planned"]) == (3, 1, 6, 9)
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["mlflow_runs_planned"]) == (3, 1, 6, 10)
     assert plan["trials_done"] == 0
     searched = {c["loss"]: set(c["searched"]) for c in plan["cells_detail"]}
     assert searched["pointwise"] == {"learning_rate"}  # conditional spaces: tau only where the loss has it
@@ -85,8 +85,10 @@ def test_exact_runs_tags_and_metrics(failing_sweep):
     work, spec, uri, common, failing, plan, report = failing_sweep
     client, runs = mlflow_runs(uri, "tiny-fail")
     cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
-    assert len(cells) == 3 and len(trials) == 6
-    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 9  # no duplicates
+    assert len(cells) == 3 and len(trials) == 6 and len(by_kind(runs, "sweep")) == 1
+    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 10  # no duplicates
+    root = by_kind(runs, "sweep")[0].info.run_id
+    assert all(cell.data.tags["mlflow.parentRunId"] == root for cell in cells)
     parents = {r.info.run_id for r in cells}
     for trial in trials:
         assert trial.data.tags["mlflow.parentRunId"] in parents
@@ -125,7 +127,7 @@ def test_rerun_of_a_finished_sweep_creates_nothing(failing_sweep):
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["trials_to_run"] == 0
     _, runs = mlflow_runs(uri, "tiny-fail")
-    assert len(runs) == 9
+    assert len(runs) == 10
 
 
 def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tiny_model_dir, scifact_dir):
@@ -153,8 +155,8 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tin
     assert json.loads(rerun.stdout)["trials_to_run"] == 0
     client, runs = mlflow_runs(uri, "tiny-kill")
     cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
-    assert len(cells) == 2 and len(trials) == 4
-    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 6
+    assert len(cells) == 2 and len(trials) == 4 and len(by_kind(runs, "sweep")) == 1
+    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 7
     assert all(r.info.status == "FINISHED" for r in runs)
     for trial in trials:
         history = client.get_metric_history(trial.info.run_id, "epoch_train_seconds")
