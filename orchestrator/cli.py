@@ -18,6 +18,15 @@ RENDER_FORMATS = ("md", "latex", "csv")
 
 EXIT_INPUT_ERROR = 2
 
+# The command's result (a table, --json) goes to the real stdout; everything else that prints
+# while it runs (Ray forwards worker and raylet logs to the driver's sys.stdout, at any time
+# up to exit) is sent to stderr, so `--json` output stays parseable.
+_result_stream = sys.stdout
+
+
+def emit(*parts: object) -> None:
+    print(*parts, file=_result_stream, flush=True)
+
 
 def _metrics_table(rows: list[tuple[str, dict[str, float]]]) -> str:
     names = list(MEASURES)
@@ -39,16 +48,16 @@ def cmd_bm25(args: argparse.Namespace) -> int:
     run, run_path = retrieve(collection, queries, k=args.k, params=params)
     evaluation = evaluate(run, collection.split_qrels(args.split), collection.relevance_level)
     if args.json:
-        print(json.dumps({
+        emit(json.dumps({
             "dataset": args.dataset, "split": args.split, "k": args.k, "k1": args.k1, "b": args.b,
             "queries": evaluation.num_queries, "relevance_level": evaluation.relevance_level,
             "run": str(run_path), "metrics": evaluation.aggregate,
         }, indent=2))
     else:
-        print(f"BM25 (k1={args.k1}, b={args.b}) top-{args.k} on {args.dataset} {args.split}: "
+        emit(f"BM25 (k1={args.k1}, b={args.b}) top-{args.k} on {args.dataset} {args.split}: "
               f"{evaluation.num_queries} queries, binary relevance >= {evaluation.relevance_level}")
-        print(_metrics_table([("BM25", evaluation.aggregate)]))
-        print(f"run: {run_path}")
+        emit(_metrics_table([("BM25", evaluation.aggregate)]))
+        emit(f"run: {run_path}")
     return 0
 
 
@@ -90,21 +99,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         })
         if not args.json:
             r = results[-1]
-            print(f"trial {spec.name}: MLflow run {report.run_id} in experiment '{experiment}' ({tracker.uri})"
+            emit(f"trial {spec.name}: MLflow run {report.run_id} in experiment '{experiment}' ({tracker.uri})"
                   f"{' [reused]' if report.reused else ''}")
-            print(_metrics_table([
+            emit(_metrics_table([
                 ("validation  BM25", r["validation"]["bm25"]),
                 (f"validation  model (epoch {report.best_epoch})", r["validation"]["model"]),
                 ("test        BM25", r["test"]["bm25"]),
                 ("test        model", r["test"]["model"]),
             ]))
             if "time_train_seconds_per_epoch" in m:
-                print(f"training {m['time_train_seconds_per_epoch']:.0f}s/epoch, trial {m['time_trial_seconds']:.0f}s\n")
+                emit(f"training {m['time_train_seconds_per_epoch']:.0f}s/epoch, trial {m['time_trial_seconds']:.0f}s\n")
     if args.json:
-        print(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if len(results) > 1
+        emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if len(results) > 1
                          else {"experiment": experiment, "tracking_uri": tracker.uri, **results[0]}, indent=2))
     elif len(results) > 1:
-        print(_metrics_table([("test BM25", results[0]["test"]["bm25"])]
+        emit(_metrics_table([("test BM25", results[0]["test"]["bm25"])]
                              + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
     return 0
 
@@ -124,19 +133,19 @@ def cmd_augment(args: argparse.Namespace) -> int:
         prepared = prepare_trial(spec)
         rows = pq.read_table(prepared.training.training_set).to_pylist()
         augmented = pq.read_table(prepared.training.augmentation).to_pylist()
-        print(f"== {spec.name}: {spec.augmentation.method}, k_a = {spec.augmentation.k}, {len(augmented)} rows "
+        emit(f"== {spec.name}: {spec.augmentation.method}, k_a = {spec.augmentation.k}, {len(augmented)} rows "
               f"({prepared.training.augmentation})")
         width = max(40, (args.width - 7) // 2)
         for row, aug in list(zip(rows, augmented))[: args.show]:
-            print(f"\nquery: {row['query']}")
+            emit(f"\nquery: {row['query']}")
             original = textwrap.wrap(row["positive"][:args.chars] + ("..." if len(row["positive"]) > args.chars else ""), width)
             selected = textwrap.wrap(aug["augmented_positive"], width)
-            print(f"{'original d+ (' + row['positive_id'] + ')':<{width}} | augmented d+_a "
+            emit(f"{'original d+ (' + row['positive_id'] + ')':<{width}} | augmented d+_a "
                   f"({aug['sentences_kept']} of {aug['sentences_total']} sentences)")
             for i in range(max(len(original), len(selected))):
                 left = original[i] if i < len(original) else ""
                 right = selected[i] if i < len(selected) else ""
-                print(f"{left:<{width}} | {right}")
+                emit(f"{left:<{width}} | {right}")
     return 0
 
 
@@ -160,20 +169,20 @@ def _load_sweep(path: str):
 
 
 def _print_plan(report: dict) -> None:
-    print(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
+    emit(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
           f"{report['trials_per_cell']} trials per cell -> {report['trials_planned']} trial runs, "
           f"{report['mlflow_runs_planned']} MLflow runs (sweep + cells + trials)")
     if report["unavailable_cells"]:
         reasons = "; ".join(f"{n} cells: {why}" for why, n in report["unavailable_reasons"].items())
-        print(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
-    print(f"runnable now: {report['runnable_cells']} cells, {report['trials_runnable']} trials; "
+        emit(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
+    emit(f"runnable now: {report['runnable_cells']} cells, {report['trials_runnable']} trials; "
           f"done {report['trials_done']}, to run {report['trials_to_run']}")
     header = f"{'cell':<22}{'model':<26}{'loss':<22}{'augmentation':<13}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}  searched / status"
-    print(header)
+    emit(header)
     for c in report["cells_detail"]:
         status = c["unavailable"] or ", ".join(n.rstrip("_") for n in c["searched"])
         best = f"{c['best']:.4f}" if c["best"] is not None else "-"
-        print(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<22}{c['augmentation']:<13}{c['size']:>7}{c['seed']:>6}"
+        emit(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<22}{c['augmentation']:<13}{c['size']:>7}{c['seed']:>6}"
               f"{c['trials_done']:>6}{best:>8}  {status}")
 
 
@@ -190,7 +199,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address,
                            fail_cells=set(args.fail_cell or ()))
     if args.json:
-        print(json.dumps(report, indent=2))
+        emit(json.dumps(report, indent=2))
     else:
         _print_plan(report)
     return 0
@@ -203,18 +212,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     sweep = _load_sweep(args.config)
     status = sweep_status(sweep, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.storage))
     if args.json:
-        print(json.dumps(status, indent=2))
+        emit(json.dumps(status, indent=2))
         return 0
-    print(f"sweep {status['sweep']}: cells done {status['cells_done']}, running {status['cells_running']}, "
+    emit(f"sweep {status['sweep']}: cells done {status['cells_done']}, running {status['cells_running']}, "
           f"failed {status['cells_failed']}, pending {status['cells_pending']} (of {status['cells']}); "
           f"trials finished {status['trials_finished']}, failed {status['trials_failed']}, running {status['trials_running']}")
     if status["best"]:
         b = status["best"]
-        print(f"best so far: {b['cell']} ({b['axes']}) val nDCG@10 {b['value']:.4f}")
+        emit(f"best so far: {b['cell']} ({b['axes']}) val nDCG@10 {b['value']:.4f}")
     if status["eta_seconds"] is not None:
-        print(f"ETA: {status['eta_seconds'] / 60:.0f} min ({status['mean_trial_seconds']:.0f}s per trial)")
+        emit(f"ETA: {status['eta_seconds'] / 60:.0f} min ({status['mean_trial_seconds']:.0f}s per trial)")
     for failure in status["failed_trials"]:
-        print(f"failed: {failure}")
+        emit(f"failed: {failure}")
     return 0
 
 
@@ -230,7 +239,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                             collection=args.collection, output_format=args.format, zero_shot=args.zero_shot,
                             transfer=args.transfer, select=parse_select(args.select), plots=not args.no_plots)
     output = build_report(sweeps, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.out), request)
-    print(output.text)
+    emit(output.text)
     print("written: " + ", ".join(str(p) for p in output.files), file=sys.stderr)
     return 0
 
@@ -241,7 +250,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     result = compare_runs(Tracker(resolve_tracking_uri(args.tracking_uri)), args.run_a, args.run_b,
                           collection=args.collection, test=args.test, top=args.top)
-    print(json.dumps(result, indent=2) if args.json else format_comparison(result))
+    emit(json.dumps(result, indent=2) if args.json else format_comparison(result))
     return 0
 
 
@@ -352,13 +361,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.execution import set_offline_environment
 
+    global _result_stream
     set_offline_environment()
     args = build_parser().parse_args(argv)
+    _result_stream, sys.stdout = sys.stdout, sys.stderr
     try:
         return args.func(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    finally:
+        sys.stdout = _result_stream
 
 
 if __name__ == "__main__":

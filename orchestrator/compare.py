@@ -7,7 +7,6 @@ runs' per-query values, cross-checked against their logged aggregates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.results import RunReader
@@ -15,18 +14,6 @@ from orchestrator.tracking import KIND_TAG, Tracker
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES, PRIMARY_METRIC
 from workloads.significance import TEST_NAMES, paired_test, paired_values
-
-
-@dataclass(frozen=True)
-class MeasureComparison:
-    metric: str
-    mean_a: float
-    mean_b: float
-    p_value: float
-
-    @property
-    def difference(self) -> float:
-        return self.mean_b - self.mean_a
 
 
 def _get_run(tracker: Tracker, run_id: str):
@@ -63,24 +50,23 @@ def compare_runs(tracker: Tracker, run_a: str, run_b: str, collection: str | Non
     reader = RunReader(tracker)
     prefix_a, prefix_b = _prefix(tracker, a, collection), _prefix(tracker, b, collection)
     values_a, values_b = reader.per_query(a, prefix_a), reader.per_query(b, prefix_b)
-    measures = []
+    measures = {}  # metric -> paired_test(B, A): its "a" side is run B, so difference is B - A
     for metric in (m for m in MEASURES if m in values_a.values and m in values_b.values):
         try:
-            comparison = paired_test(values_a.values[metric], values_b.values[metric], test)
+            measures[metric] = paired_test(values_b.values[metric], values_a.values[metric], test)
         except ValueError as exc:
             raise InputError(f"{run_a} vs {run_b}", str(exc)) from None
-        measures.append(MeasureComparison(metric, comparison.mean_a, comparison.mean_b, comparison.p_value))
     if not measures:
         raise InputError(f"{run_a} vs {run_b}", "the two runs share no measure")
-    primary = PRIMARY_METRIC if PRIMARY_METRIC in values_a.values else measures[0].metric
+    primary = PRIMARY_METRIC if PRIMARY_METRIC in measures else next(iter(measures))
     qids, xs, ys = paired_values(values_a.values[primary], values_b.values[primary])
     changes = sorted(zip(qids, xs.tolist(), ys.tolist()), key=lambda r: (-abs(r[2] - r[1]), r[0]))[:top]
     return {
         "a": {"run_id": a.info.run_id, "name": _describe(a), "collection": prefix_a.rstrip("_")},
         "b": {"run_id": b.info.run_id, "name": _describe(b), "collection": prefix_b.rstrip("_")},
         "test": TEST_NAMES[test], "queries": len(qids),
-        "measures": [{"metric": m.metric, "a": m.mean_a, "b": m.mean_b, "difference": m.difference, "p_value": m.p_value}
-                     for m in measures],
+        "measures": [{"metric": metric, "a": m.mean_b, "b": m.mean_a, "difference": m.difference, "p_value": m.p_value}
+                     for metric, m in measures.items()],
         "primary": primary,
         "most_changed": [{"query_id": q, "a": x, "b": y, "difference": y - x} for q, x, y in changes],
     }

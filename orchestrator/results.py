@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.sweep_spec import TEST_PREFIX, Cell, SweepSpec, expand_grid
@@ -33,13 +33,10 @@ AGGREGATE_TOLERANCE = 1e-9
 def metric_key(name: str) -> str:
     """``ndcg@10``, ``nDCG@10`` or ``ndcg_at_10`` -> ``ndcg_at_10``; unknown names are input errors."""
     lowered = name.strip().lower()
-    by_display = {display.lower(): key for key, display in DISPLAY_NAMES.items()}
-    if lowered in MEASURES:
-        return lowered
-    if lowered in by_display:
-        return by_display[lowered]
-    if lowered in ("mrr@10", "mrr@100", "map"):
-        return {"mrr@10": "rr_at_10", "mrr@100": "rr_at_100", "map": "ap"}[lowered]
+    names = {key: key for key in MEASURES} | {display.lower(): key for key, display in DISPLAY_NAMES.items()}
+    names |= {"mrr@10": "rr_at_10", "mrr@100": "rr_at_100", "map": "ap"}  # the field's other names
+    if lowered in names:
+        return names[lowered]
     raise InputError("--metric", f"unknown metric '{name}' (choose from {', '.join(DISPLAY_NAMES.values())})")
 
 
@@ -51,15 +48,6 @@ class PerQuery:
     prefix: str
     values: dict[str, dict[str, float]]
     relevance_level: int
-
-    def metric(self, name: str) -> dict[str, float]:
-        if name not in self.values:
-            raise InputError(f"MLflow run {self.run_id}", f"no per-query values of {name} under '{self.prefix}'")
-        return self.values[name]
-
-    def mean(self, name: str) -> float:
-        values = self.metric(name)
-        return sum(values.values()) / len(values) if values else 0.0
 
 
 class RunReader:
@@ -110,7 +98,6 @@ class CellResult:
     cell: Cell
     status: str  # ok | one of STATUS_LABELS
     run: object | None = None  # the cell's MLflow run (mlflow.entities.Run)
-    extra: dict = field(default_factory=dict)
 
     @property
     def axes(self) -> dict[str, str]:
