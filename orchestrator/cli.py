@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,9 +19,9 @@ RENDER_FORMATS = ("md", "latex", "csv")
 
 EXIT_INPUT_ERROR = 2
 
-# The command's result (a table, --json) goes to the real stdout; everything else that prints
-# while it runs (Ray forwards worker and raylet logs to the driver's sys.stdout, at any time
-# up to exit) is sent to stderr, so `--json` output stays parseable.
+# The command's result (a table, --json) goes to the real stdout; everything else printed in
+# the process (Ray forwards worker and raylet messages to the driver's sys.stdout, at any
+# time up to exit) goes to stderr, so `--json` output stays parseable.
 _result_stream = sys.stdout
 
 
@@ -364,14 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     global _result_stream
     set_offline_environment()
     args = build_parser().parse_args(argv)
-    _result_stream, sys.stdout = sys.stdout, sys.stderr
+    # For the rest of the process, exit included (Ray flushes deduplicated worker and raylet
+    # messages from atexit handlers), and at the descriptor level too (native code and child
+    # processes write to fd 1 directly): fd 1 becomes stderr, results go to a copy of it.
+    sys.stdout.flush()
+    _result_stream = os.fdopen(os.dup(1), "w", buffering=1, encoding=sys.stdout.encoding)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
         return args.func(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
-    finally:
-        sys.stdout = _result_stream
 
 
 if __name__ == "__main__":

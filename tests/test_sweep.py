@@ -192,3 +192,22 @@ def test_demo_sweep_loads():
 
     cells = expand_grid(_load_sweep(str(REPO / "search_spaces" / "demo.yaml")))
     assert len(cells) == 10 and all(c.spec is not None for c in cells)
+
+
+def test_report_of_the_finished_sweep(failing_sweep):
+    """The report on a real sweep: per-query artifacts as the sweep wrote them, the failed cell shown as failed."""
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    proc = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import csv
+    import io
+
+    rows = {r["column"]: r for r in csv.DictReader(io.StringIO(proc.stdout))}
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    finished = {(r.data.tags["loss"], r.data.tags["augmentation"]): r for r in by_kind(runs, "cell") if r.info.status == "FINISHED"}
+    baseline = finished[("pointwise", "none")].data.metrics["test_ndcg_at_10"]
+    assert float(rows["baseline"]["value"]) == pytest.approx(baseline, abs=1e-12)
+    scl = finished[("pointwise+scl", "bm25")].data.metrics["test_ndcg_at_10"]
+    assert float(rows["bm25 / pointwise+scl"]["value"]) == pytest.approx(scl, abs=1e-12)
+    assert rows["bm25 / pointwise+ctriplet"]["status"] == "failed" and rows["bm25 / pointwise+ctriplet"]["value"] == ""
+    assert len(list((work / "reports" / "tiny-fail").glob("*.png"))) == 2
