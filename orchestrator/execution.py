@@ -12,6 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
 from workloads.spec import TrialSpec
 from workloads.training import TrainingInputs
 
@@ -30,6 +31,18 @@ def set_offline_environment() -> None:
         os.environ.setdefault(key, value)
 
 
+def pin_storage_paths() -> None:
+    """Make the data and cache directories absolute environment values before workers start.
+
+    Ray Tune runs each trial in a working directory of its own, so a default or relative
+    path would resolve per trial: every trial would rebuild the index, the BM25 runs and the
+    training sets in its own empty cache instead of reusing the driver's.
+    """
+    os.environ[CACHE_DIR_ENV] = str(cache_dir())
+    if data_dir() is not None:
+        os.environ[DATA_DIR_ENV] = str(data_dir())
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect to ``address`` (or $RAY_ADDRESS), else start a local Ray on this machine."""
     import ray
@@ -37,7 +50,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     set_offline_environment()
-    env_vars = {k: os.environ[k] for k in (*OFFLINE_ENV, "ORCHESTRATE_DATA_DIR", "ORCHESTRATE_CACHE_DIR") if k in os.environ}
+    pin_storage_paths()
+    env_vars = {k: os.environ[k] for k in (*OFFLINE_ENV, DATA_DIR_ENV, CACHE_DIR_ENV) if k in os.environ}
     address = address or os.environ.get("RAY_ADDRESS")
     # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
     # without it the driver log fills with "State API may be temporarily unavailable".

@@ -215,20 +215,23 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
 
 
 def sweep_run(tracker: Tracker, experiment_id: str, sweep_name: str) -> str:
-    """The sweep's own MLflow run, parent of its cell runs and home of its reports (found or created)."""
+    """The sweep's own MLflow run, parent of its cell runs and home of its reports (found or created).
+
+    ``orchestrate sweep`` marks it RUNNING while it works and FINISHED when every cell is.
+    """
     key = f"sweep:{sweep_name}"
     existing = tracker.find_run(experiment_id, key)
     if existing is not None:
         return existing.info.run_id
     run = tracker.client.create_run(experiment_id, run_name=f"sweep {sweep_name}",
                                     tags={TRIAL_KEY_TAG: key, KIND_TAG: "sweep", SWEEP_TAG: sweep_name})
-    tracker.finish(run.info.run_id)  # it holds no computation of its own: nothing to resume
     return run.info.run_id
 
 
 def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: list[Cell]) -> dict[str, str]:
     """Find or create the parent run of every runnable cell (deterministic identity: the cell key)."""
     root = sweep_run(tracker, experiment_id, sweep.name)
+    tracker.client.update_run(root, status="RUNNING")
     runs = {}
     for cell in cells:
         existing = tracker.find_run(experiment_id, cell.key)
@@ -305,6 +308,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
             tuner.fit()
 
     _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address)
+    tracker.finish(sweep_run(tracker, experiment_id, sweep.name))  # every cell is FINISHED or FAILED now
     return dry_run_report(sweep, paths)
 
 

@@ -1,0 +1,101 @@
+"""What running a trial as Ray Train workers costs over the plain training loop.
+
+The same trial (MiniLM-L6 on a small SciFact slice by default) is trained twice in one
+run, side by side: once in this process with ``workloads.training.train_cross_encoder``
+(no Ray), once through ``orchestrator.execution.train_on_ray`` (a local Ray, a
+``TorchTrainer`` with one worker, checkpoints persisted by Ray). Data preparation is
+done before either and shared. Prints a table and writes JSON.
+
+    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/trial_overhead.py [--size 100] [--out benchmarks/results/trial_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm-l6")
+    parser.add_argument("--size", type=int, default=100, help="training pairs")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the one worker (and torch threads in-process)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "trial_overhead.json"))
+    args = parser.parse_args()
+
+    import torch
+
+    from orchestrator.execution import init_ray, set_offline_environment, train_on_ray
+    from workloads.spec import TrialSpec
+    from workloads.training import train_cross_encoder
+    from workloads.trial import prepare_trial
+
+    set_offline_environment()
+    spec = TrialSpec.model_validate({
+        "name": "bench-overhead", "seed": 13,
+        "data": {"collection": "beir/scifact", "validation_queries": 20},
+        "first_stage": {"train_depth": 50, "validation_depth": 10, "test_depth": 10},
+        "training_data": {"size": args.size, "seed": 13},
+        "model": {"name": args.model, "max_length": 128},
+        "optimization": {"epochs": args.epochs, "batch_size": 16, "eval_batch_size": 32},
+        "resources": {"workers": 1, "cpus_per_worker": args.cpus},
+    })
+    prepared = prepare_trial(spec)  # shared by both: the comparison is the training path only
+
+    torch.set_num_threads(args.cpus)
+    epochs_plain: list[dict] = []
+
+    def keep(metrics: dict, checkpoint: Path | None) -> None:  # the checkpoint is written (a cost of both paths), then dropped
+        epochs_plain.append(dict(metrics))
+        if checkpoint is not None:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+    started = time.perf_counter()
+    train_cross_encoder(spec, prepared.training, keep)
+    plain_wall = time.perf_counter() - started
+
+    started = time.perf_counter()
+    init_ray(None)
+    ray_start = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as storage:
+        fit_started = time.perf_counter()
+        epochs_ray = train_on_ray(spec, prepared.training, Path(storage), f"bench-{int(time.time())}")
+        fit_wall = time.perf_counter() - fit_started
+    ray_wall = time.perf_counter() - started
+
+    def inner(epochs) -> float:  # training + validation seconds measured inside the loop
+        return sum(e["epoch_train_seconds"] + e.get("epoch_validation_seconds", 0.0) for e in epochs)
+
+    rows = [
+        {"path": "plain loop (no Ray)", "wall_seconds": plain_wall, "inner_seconds": inner(epochs_plain),
+         "val_ndcg_at_10": epochs_plain[-1]["val_ndcg_at_10"]},
+        {"path": "Ray Train (1 worker)", "wall_seconds": ray_wall, "inner_seconds": inner([e.metrics for e in epochs_ray]),
+         "ray_start_seconds": ray_start, "fit_seconds": fit_wall, "val_ndcg_at_10": epochs_ray[-1].metrics["val_ndcg_at_10"]},
+    ]
+    for row in rows:
+        row["overhead_seconds"] = row["wall_seconds"] - row["inner_seconds"]
+    ratio = rows[1]["wall_seconds"] / rows[0]["wall_seconds"]
+    print(f"trial: {args.model}, {args.size} pairs, {args.epochs} epoch(s), {args.cpus} CPUs, max_length 128")
+    print(f"{'path':<24}{'wall s':>9}{'inner s':>9}{'overhead s':>12}{'val nDCG@10':>13}")
+    for row in rows:
+        print(f"{row['path']:<24}{row['wall_seconds']:>9.1f}{row['inner_seconds']:>9.1f}{row['overhead_seconds']:>12.1f}"
+              f"{row['val_ndcg_at_10']:>13.4f}")
+    print(f"Ray Train / plain wall time: {ratio:.2f}x (Ray start {ray_start:.1f} s of it)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": vars(args), "rows": rows, "ray_over_plain_wall_ratio": ratio}, indent=2))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
