@@ -263,7 +263,6 @@ def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> int:
 def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
               fail_cells: set[str] | None = None) -> dict:
     """Run (or finish) the sweep; returns the dry-run report of the end state."""
-    import optuna
     import ray.tune
 
     from orchestrator.execution import init_ray

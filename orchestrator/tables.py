@@ -170,8 +170,8 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
                 continue
             chosen_labels[model] = chosen.label
             baseline = baseline_of(chosen, all_systems)
-            targets_ = [chosen] + ([baseline] if baseline else [])
-            entries = compare_with_baselines(all_systems, options.test, "none", targets_)
+            shown = [chosen] + ([baseline] if baseline else [])
+            entries = compare_with_baselines(all_systems, options.test, "none", shown)  # corrected below
             row.append(entries[id(chosen)])
             base_entry = entries[id(baseline)] if baseline else Entry(None, "missing")
             baseline_row.append(base_entry)

@@ -1,6 +1,5 @@
 """Trial YAML is validated at the edge: errors name the file, the line and the problem."""
 
-import shutil
 from pathlib import Path
 
 import pytest

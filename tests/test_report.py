@@ -8,7 +8,6 @@ no workload. Every expectation below follows from that construction.
 
 import csv
 import io
-import json
 import os
 import re
 import subprocess

@@ -1,3 +1,4 @@
+import torch
 import torch.nn.functional as F
 
 from workloads.losses.base import ModelOutputs, PairLoss
