@@ -15,8 +15,6 @@ from pathlib import Path
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES
 
-RENDER_FORMATS = ("md", "latex", "csv")
-
 EXIT_INPUT_ERROR = 2
 
 # The command's result (a table, --json) goes to the real stdout; everything else printed in
@@ -318,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--storage", default=".orchestrate/sweeps")
     status.set_defaults(func=cmd_status)
 
+    from orchestrator.tables import RENDERERS
     from workloads.significance import CORRECTIONS, PAIRED_TESTS
 
     report = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps")
@@ -327,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--cols", default="augmentation", choices=["augmentation", "loss", "model", "size"],
                         help="column axis (default augmentation; the other axes follow it in the column label)")
     report.add_argument("--collection", help="test collection: the sweep's own (default) or a zero-shot one by name")
-    report.add_argument("--format", default="md", choices=list(RENDER_FORMATS), help="printed format (all three are written)")
+    report.add_argument("--format", default="md", choices=list(RENDERERS), help="printed format (all three are written)")
     report.add_argument("--test", default="t", choices=list(PAIRED_TESTS), help="paired test against the baseline (default t)")
     report.add_argument("--correction", default="none", choices=list(CORRECTIONS), help="across the table's comparisons")
     report.add_argument("--digits", type=int, default=4)

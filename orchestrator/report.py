@@ -20,8 +20,6 @@ from orchestrator.tables import (RENDERERS, Table, TableOptions, compare_with_ba
 from orchestrator.tracking import Tracker
 from workloads.errors import InputError
 
-SUFFIXES = {"md": "md", "latex": "tex", "csv": "csv"}
-
 
 def _log(message: str) -> None:
     print(f"[report] {message}", file=sys.stderr, flush=True)
@@ -32,6 +30,12 @@ def _write(path: Path, text: str) -> Path:
     temporary.write_text(text)
     os.replace(temporary, path)
     return path
+
+
+def _write_table(table: Table, stem: Path, digits: int) -> list[Path]:
+    """The table in every format: ``<stem>.md``, ``.tex`` and ``.csv``."""
+    written = ((render_markdown, "md"), (render_latex, "tex"), (render_csv, "csv"))
+    return [_write(stem.with_name(f"{stem.name}.{suffix}"), render(table, digits)) for render, suffix in written]
 
 
 def parse_select(text: str | None) -> dict[str, str]:
@@ -91,9 +95,7 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         sweep_files: list[Path] = []
         for stem, table in tables:
             blocks.append(renderer(table, request.options.digits))
-            for render, suffix in ((render_markdown, "md"), (render_latex, "tex"), (render_csv, "csv")):
-                sweep_files.append(_write(out_dir / f"{stem}-{request.options.metric}-{label}.{suffix}",
-                                          render(table, request.options.digits)))
+            sweep_files += _write_table(table, out_dir / f"{stem}-{request.options.metric}-{label}", request.options.digits)
         if request.plots:
             sweep_files += _plots(results, prefix, label, request.options, out_dir)
         _log_to_mlflow(tracker, results, sweep_files)
@@ -103,8 +105,7 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         blocks.append(renderer(table, request.options.digits))
         transfer_dir = Path(out_root) / "transfer"
         transfer_dir.mkdir(parents=True, exist_ok=True)
-        for render, suffix in ((render_markdown, "md"), (render_latex, "tex"), (render_csv, "csv")):
-            files.append(_write(transfer_dir / f"transfer-{request.options.metric}.{suffix}", render(table, request.options.digits)))
+        files += _write_table(table, transfer_dir / f"transfer-{request.options.metric}", request.options.digits)
     return ReportOutput("\n".join(blocks), files)
 
 

@@ -24,7 +24,6 @@ from workloads.significance import TEST_NAMES, adjust_p_values, paired_test, rel
 
 MARKERS = {0.05: "†", 0.10: "°"}
 LATEX_MARKERS = {0.05: r"$^{\dagger}$", 0.10: r"$^{\circ}$"}
-FORMATS = ("md", "latex", "csv")
 
 
 @dataclass(frozen=True)
