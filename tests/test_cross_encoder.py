@@ -57,3 +57,21 @@ def test_missing_model_is_input_error(tmp_path):
 def test_query_longer_than_max_length_is_cut_not_an_error(model):
     pairs = model.encode([" ".join(["query"] * 100)], ["short doc"])
     assert pairs.inputs["input_ids"].shape[1] == 32
+
+
+def test_mean_pooling_is_the_mean_over_real_tokens_and_survives_a_checkpoint(tiny_model_dir, tmp_path):
+    torch.manual_seed(0)
+    model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=32, pooling="mean")
+    pairs = model.encode(["short q", "a longer query here"], ["d", "a much longer document with many words"])
+    scores, phi = model(**pairs.inputs)
+    hidden = model.encoder(**pairs.inputs).last_hidden_state
+    length = int(pairs.inputs["attention_mask"][0].sum())  # the first pair is padded: padding must not count
+    assert length < pairs.inputs["input_ids"].shape[1]
+    assert torch.allclose(phi[0], hidden[0, :length].mean(0), atol=1e-6)
+    assert not torch.allclose(phi[0], hidden[0, 0])
+    model.save(tmp_path / "ckpt")
+    reloaded = CrossEncoder.from_pretrained(str(tmp_path / "ckpt"))  # the checkpoint knows its pooling
+    assert reloaded.pooling == "mean"
+    assert torch.allclose(reloaded(**pairs.inputs)[0], scores, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown pooling"):
+        CrossEncoder(model.encoder, model.tokenizer, 32, pooling="max")

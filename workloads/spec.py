@@ -52,6 +52,7 @@ class TrainingDataSpec(_Strict):
 class ModelSpec(_Strict):
     name: str = Field(description="a Hugging Face id, a local path, or an alias such as minilm-l6")
     max_length: int = Field(default=512, ge=16, le=8192, description="tokens of [CLS] q [SEP] d [SEP]; documents truncated (FirstP)")
+    pooling: Literal["cls", "mean"] = Field(default="cls", description="Phi: the first token (METHODS) or the mean over tokens")
 
 
 CONTRASTIVE_LOSSES = ("none", "scl", "ctriplet", "infonce", "nca", "tml")

@@ -81,7 +81,7 @@ def train_cross_encoder(
     opt = spec.optimization
 
     model_source = str(resume_from) if resume_from else spec.model.name
-    model = CrossEncoder.from_pretrained(model_source, spec.model.max_length).to(device)
+    model = CrossEncoder.from_pretrained(model_source, spec.model.max_length, spec.model.pooling).to(device)
     wrapped: torch.nn.Module = model
     if world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -106,7 +106,7 @@ def evaluate_checkpoint(
 ) -> tuple[Evaluation, dict[str, dict[str, float]]]:
     """Re-rank the test candidates with a trained checkpoint; returns the evaluation and the run."""
     device = device or torch.device("cpu")
-    model = CrossEncoder.from_pretrained(str(checkpoint), spec.model.max_length).to(device)
+    model = CrossEncoder.from_pretrained(str(checkpoint), spec.model.max_length, spec.model.pooling).to(device)
     return rerank_and_evaluate(
         model, Path(prepared.test_candidates), read_trec_run(Path(prepared.test_first_stage_run)),
         prepared.test_qrels, prepared.test_relevance_level, spec.optimization.eval_batch_size, device, label="test")

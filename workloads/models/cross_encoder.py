@@ -2,7 +2,9 @@
 
 Input ``[CLS] q [SEP] d [SEP]`` truncated to ``max_length`` with the document cut
 ("FirstP", METHODS section 1). Phi is the final-layer first-token vector ([CLS], or ``<s>``
-for RoBERTa); the score is a linear head on Phi. Ranking losses act on the score,
+for RoBERTa); the score is a linear head on Phi. ``pooling: mean`` takes the mean over the
+pair's tokens instead: "the model's equivalent" of [CLS] for checkpoints trained with mean
+pooling, such as sentence-transformers' all-MiniLM-L6-v2. Ranking losses act on the score,
 contrastive losses on Phi, so the model returns both.
 
 Checkpoints are a directory: the encoder and tokenizer via ``save_pretrained``
@@ -59,17 +61,23 @@ class EncodedPairs:
         return EncodedPairs({k: v.to(device) for k, v in self.inputs.items()})
 
 
+POOLINGS = ("cls", "mean")
+
+
 class CrossEncoder(nn.Module):
-    def __init__(self, encoder: nn.Module, tokenizer: PreTrainedTokenizerBase, max_length: int):
+    def __init__(self, encoder: nn.Module, tokenizer: PreTrainedTokenizerBase, max_length: int, pooling: str = "cls"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling '{pooling}' (choose from {', '.join(POOLINGS)})")
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.max_length = min(max_length, getattr(encoder.config, "max_position_embeddings", max_length))
+        self.pooling = pooling
         self.score_head = nn.Linear(encoder.config.hidden_size, 1)
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_pretrained(cls, name: str, max_length: int = 512) -> "CrossEncoder":
+    def from_pretrained(cls, name: str, max_length: int = 512, pooling: str = "cls") -> "CrossEncoder":
         """Load a Hugging Face encoder (id, local path or alias) or one of our checkpoints."""
         path = resolve_model_name(name)
         try:
@@ -81,11 +89,11 @@ class CrossEncoder(nn.Module):
             encoder = AutoModel.from_pretrained(path, config=config, **extra)
         except (OSError, ValueError) as exc:
             raise InputError(name, f"cannot load model or tokenizer ({str(exc).splitlines()[0]})") from None
-        model = cls(encoder, tokenizer, max_length)
         head = Path(path) / HEAD_FILE
+        meta = json.loads((Path(path) / META_FILE).read_text()) if head.exists() else {}
+        model = cls(encoder, tokenizer, max_length, meta.get("pooling", pooling))
         if head.exists():  # one of our checkpoints: restore the trained score head
             model.score_head.load_state_dict(load_file(str(head)))
-            meta = json.loads((Path(path) / META_FILE).read_text())
             model.max_length = min(max_length, meta["max_length"])
         return model
 
@@ -96,7 +104,7 @@ class CrossEncoder(nn.Module):
         encoder.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
         save_file({k: v.detach().cpu().contiguous() for k, v in self.score_head.state_dict().items()}, str(directory / HEAD_FILE))
-        (directory / META_FILE).write_text(json.dumps({"max_length": self.max_length}))
+        (directory / META_FILE).write_text(json.dumps({"max_length": self.max_length, "pooling": self.pooling}))
 
     # ------------------------------------------------------------------ forward
     def encode(self, queries: list[str], documents: list[str]) -> EncodedPairs:
@@ -114,7 +122,11 @@ class CrossEncoder(nn.Module):
     def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (scores [B], Phi [B, H]) for the tensors of :meth:`encode`."""
         hidden = self.encoder(**inputs).last_hidden_state
-        phi = hidden[:, 0]
+        if self.pooling == "mean":  # the mean over real tokens, for checkpoints trained with mean pooling
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            phi = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        else:
+            phi = hidden[:, 0]
         scores = self.score_head(phi).squeeze(-1)
         return scores, phi
 
