@@ -260,6 +260,14 @@ def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> int:
     return max(1, int(resources.get("CPU", 1) // per_trial))
 
 
+def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
+    """The cell's spec once per searched k_a: each k_a is an augmentation set of its own,
+    which the trials would otherwise build themselves, concurrently and more than once."""
+    if "k" in cell.searched and sweep.search.k is not None:
+        return [apply_params(cell.spec, {"k": k}) for k in sweep.search.k.choices]
+    return [cell.spec]
+
+
 def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
               fail_cells: set[str] | None = None) -> dict:
     """Run (or finish) the sweep; returns the dry-run report of the end state."""
@@ -277,7 +285,8 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
 
     _log(f"preparing data for {len(cells)} cells")
     for cell in cells:
-        prepare_trial(cell.spec)  # indexes, runs, training sets: once, in the driver, before trials race
+        for spec in _data_variants(cell, sweep):
+            prepare_trial(spec)  # indexes, runs, training sets, augmentations: once, in the driver, before trials race
 
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url)
     requeued = sum(requeue_interrupted(s) for s in searcher.studies.values())

@@ -68,6 +68,7 @@ def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
     failing = next(c["key"] for c in plan["cells_detail"] if c["loss"] == "pointwise+ctriplet")
     first = orchestrate(work, "sweep", str(spec), "--json", "--fail-cell", failing, *common)
     assert first.returncode == 0, first.stderr[-3000:]
+    (work / "first.err").write_text(first.stderr)
     return work, spec, uri, common, failing, plan, json.loads(first.stdout)
 
 
@@ -103,6 +104,17 @@ def test_exact_runs_tags_and_metrics(failing_sweep):
     for cell in winners:
         assert 0 <= cell.data.metrics["test_ndcg_at_10"] <= 1 and "rerank_lab.winner" in cell.data.tags
         assert cell.data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(0.6789, abs=0.002)
+
+
+def test_trials_reuse_the_data_the_driver_prepared(failing_sweep):
+    work, *_ = failing_sweep
+    log = (work / "first.err").read_text().splitlines()
+    driver = [line for line in log if line.startswith("[augment]")]  # the session's cache may hold them already
+    for k in (1, 2):  # every searched k_a is built (or found) by the driver
+        assert any(f"bm25 k_a={k}:" in line or f"-bm25-k{k}-" in line for line in driver), driver
+    trial_lines = [line for line in log if "_sweep_trial" in line]
+    assert any("[augment] reusing" in line for line in trial_lines)
+    assert not any("[augment] bm25 k_a=" in line or "[bm25] indexed" in line for line in trial_lines)
 
 
 def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_sweep):
