@@ -29,10 +29,11 @@ def emit(*parts: object) -> None:
 
 def _metrics_table(rows: list[tuple[str, dict[str, float]]]) -> str:
     names = list(MEASURES)
-    header = f"{'':<28}" + "".join(f"{DISPLAY_NAMES[n]:>9}" for n in names)
+    width = max([28] + [len(label) + 2 for label, _ in rows])
+    header = f"{'':<{width}}" + "".join(f"{DISPLAY_NAMES[n]:>9}" for n in names)
     lines = [header]
     for label, metrics in rows:
-        lines.append(f"{label:<28}" + "".join(f"{metrics[n]:>9.4f}" if n in metrics else f"{'-':>9}" for n in names))
+        lines.append(f"{label:<{width}}" + "".join(f"{metrics[n]:>9.4f}" if n in metrics else f"{'-':>9}" for n in names))
     return "\n".join(lines)
 
 
@@ -75,7 +76,8 @@ def _selected_trials(args: argparse.Namespace):
 
 
 def _pick(metrics: dict[str, float], prefix: str) -> dict[str, float]:
-    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+    """The evaluation measures logged under ``prefix`` (e.g. ``test_``), without the prefix."""
+    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix) and k.removeprefix(prefix) in MEASURES}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -94,18 +96,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             "axes": spec.axes(),
             "validation": {"bm25": _pick(m, "bm25_val_"), "model": _pick(m, "best_val_")},
             "test": {"bm25": _pick(m, "bm25_test_"), "model": _pick(m, "test_")},
-            "timings": _pick(m, "time_"),
+            "timings": {k.removeprefix("time_"): v for k, v in m.items() if k.startswith("time_")},
         })
+        if "interpolation_weight" in m:  # the final ranking fuses BM25; show the cross-encoder alone too
+            results[-1]["interpolation_weight"] = m["interpolation_weight"]
+            results[-1]["validation"]["cross_encoder"] = _pick(m, "best_val_cross_encoder_")
+            results[-1]["test"]["cross_encoder"] = _pick(m, "test_cross_encoder_")
         if not args.json:
             r = results[-1]
             emit(f"trial {spec.name}: MLflow run {report.run_id} in experiment '{experiment}' ({tracker.uri})"
                   f"{' [reused]' if report.reused else ''}")
-            emit(_metrics_table([
-                ("validation  BM25", r["validation"]["bm25"]),
-                (f"validation  model (epoch {report.best_epoch})", r["validation"]["model"]),
-                ("test        BM25", r["test"]["bm25"]),
-                ("test        model", r["test"]["model"]),
-            ]))
+            fused = "interpolation_weight" in r
+            model_label = f"model (w = {r['interpolation_weight']:.2f})" if fused else "model"
+            rows = [("validation  BM25", r["validation"]["bm25"]),
+                    (f"validation  {model_label}", r["validation"]["model"])]
+            rows += [("validation  cross-encoder", r["validation"]["cross_encoder"])] if fused else []
+            rows += [("test        BM25", r["test"]["bm25"]), (f"test        {model_label}", r["test"]["model"])]
+            rows += [("test        cross-encoder", r["test"]["cross_encoder"])] if fused else []
+            how = "tuned on validation" if spec.reranking.interpolation == "tuned" else "fixed"
+            emit(f"best epoch {report.best_epoch}" + (
+                f"; model = w * cross-encoder + (1 - w) * BM25 (per-query min-max), w {how}" if fused else ""))
+            emit(_metrics_table(rows))
             if "time_train_seconds_per_epoch" in m:
                 emit(f"training {m['time_train_seconds_per_epoch']:.0f}s/epoch, trial {m['time_trial_seconds']:.0f}s\n")
     if args.json:

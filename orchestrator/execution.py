@@ -22,6 +22,9 @@ OFFLINE_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
+    # Train V2 patches print() in workers to tee it into its logger, whose console handler
+    # prints it again: every progress line reached the driver twice.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
 }
 VALIDATION_METRIC = "val_ndcg_at_10"
 
@@ -135,9 +138,10 @@ def train_on_ray(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, ru
     return epoch_results(make_trainer(spec, inputs, storage_path, run_name).fit())
 
 
-def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str):
+def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str, interpolation: float | str = "none"):
     """Start re-ranking the test candidates with ``checkpoint`` as a Ray task (a GPU when the
-    cluster has one); returns its ObjectRef, so many evaluations can share the cluster."""
+    cluster has one); returns the ObjectRef of its ``Reranking``, so many evaluations can
+    share the cluster. ``interpolation``: see ``workloads.trial.final_interpolation``."""
     import ray
 
     from workloads.trial import evaluate_checkpoint
@@ -149,13 +153,13 @@ def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str):
         import torch
 
         device = torch.device("cuda") if use_gpu else torch.device("cpu")
-        return evaluate_checkpoint(Path(checkpoint), prepared, spec, device)
+        return evaluate_checkpoint(Path(checkpoint), prepared, spec, device, interpolation)
 
     return evaluate_task.remote()
 
 
-def evaluate_on_ray(spec: TrialSpec, prepared, checkpoint: str):
-    """Re-rank the test candidates with ``checkpoint``; returns (evaluation, run)."""
+def evaluate_on_ray(spec: TrialSpec, prepared, checkpoint: str, interpolation: float | str = "none"):
+    """Re-rank the test candidates with ``checkpoint``; returns a ``workloads.reranking.Reranking``."""
     import ray
 
-    return ray.get(submit_evaluation(spec, prepared, checkpoint))
+    return ray.get(submit_evaluation(spec, prepared, checkpoint, interpolation))

@@ -17,14 +17,21 @@ from orchestrator.execution import VALIDATION_METRIC, evaluate_on_ray, init_ray,
 from orchestrator.tracking import Tracker
 from workloads.paths import stable_key
 from workloads.retrieval.bm25 import write_trec_run
-from workloads.spec import TrialSpec
-from workloads.trial import prepare_trial
+from workloads.spec import RerankingSpec, TrialSpec
+from workloads.trial import final_interpolation, prepare_trial
 
+
+TEST_CROSS_ENCODER_PREFIX = "test_cross_encoder_"  # the cross-encoder alone, logged when interpolating
 
 
 def trial_key(spec: TrialSpec) -> str:
-    """Identity of a trial's result: everything that changes it (its name and resources do not)."""
-    return stable_key(spec.model_dump_json(exclude={"name", "resources"}))
+    """Identity of a trial's result: everything that changes it (its name and resources do not).
+
+    A section at its defaults is left out when it was added after trials were first keyed
+    (``reranking``), so results tracked before it existed keep their identity and are reused.
+    """
+    exclude = {"name", "resources"} | ({"reranking"} if spec.reranking == RerankingSpec() else set())
+    return stable_key(spec.model_dump_json(exclude=exclude))
 
 
 @dataclass
@@ -78,11 +85,14 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         _log(f"best epoch {best_epoch} ({VALIDATION_METRIC} {best.metrics[VALIDATION_METRIC]:.4f}); testing {best.checkpoint}")
 
         test_started = time.perf_counter()
-        evaluation, test_run = evaluate_on_ray(spec, prepared, best.checkpoint)
-        tracker.log_evaluation(run_id, "test_", evaluation)
+        tested = evaluate_on_ray(spec, prepared, best.checkpoint, final_interpolation(spec, best.metrics))
+        tracker.log_evaluation(run_id, "test_", tested.evaluation)
+        if tested.weight is not None:
+            tracker.log_evaluation(run_id, TEST_CROSS_ENCODER_PREFIX, tested.cross_encoder)
+            tracker.log_metrics(run_id, {"interpolation_weight": tested.weight})
         with tempfile.TemporaryDirectory() as tmp:
             reranked = Path(tmp) / "test.reranked.trec"
-            write_trec_run(test_run, reranked, tag=f"rerank-lab.{spec.name}")
+            write_trec_run(tested.run, reranked, tag=f"rerank-lab.{spec.name}")
             tracker.log_file(run_id, reranked, "runs")
         tracker.log_file(run_id, Path(prepared.test_first_stage_run), "runs")
 

@@ -23,6 +23,7 @@ from orchestrator.search import TRAIN_RUN, CellStudiesSearcher, apply_params, fi
 from orchestrator.sweep_spec import TEST_PREFIX, Cell, SweepSpec, expand_grid
 from orchestrator.tracking import KIND_TAG, TRIAL_KEY_TAG, Tracker
 from workloads.spec import TrialSpec
+from workloads.training import WEIGHT_METRIC
 
 CELL_TAG = "rerank_lab.cell"
 SWEEP_TAG = "rerank_lab.sweep"
@@ -150,6 +151,7 @@ def _sweep_trial(config: dict) -> None:
     ray.tune.report({
         VALIDATION_METRIC: best.metrics[VALIDATION_METRIC], "final": 1, "best_epoch": best.metrics["epoch"],
         "best_checkpoint": best.checkpoint,
+        **({WEIGHT_METRIC: best.metrics[WEIGHT_METRIC]} if WEIGHT_METRIC in best.metrics else {}),
         "training_seconds": sum(e.metrics["epoch_train_seconds"] + e.metrics.get("epoch_validation_seconds", 0.0) for e in epochs),
     })
 
@@ -195,6 +197,7 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                     "best_val_ndcg_at_10": result["val_ndcg_at_10"], "best_epoch": result["best_epoch"],
                     "time_trial_wall_seconds": wall, "time_training_seconds": result["training_seconds"],
                     "time_overhead_seconds": wall - result["training_seconds"],
+                    **({f"best_{WEIGHT_METRIC}": result[WEIGHT_METRIC]} if WEIGHT_METRIC in result else {}),
                 })
                 tracker.set_tags(run_id, {"best_checkpoint": result["best_checkpoint"]})
             if result.get("failure"):
@@ -326,7 +329,7 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
     import ray
 
     from orchestrator.execution import init_ray, submit_evaluation
-    from workloads.trial import prepare_trial
+    from workloads.trial import final_interpolation, prepare_trial
 
     pending = []  # (cell, run id, winner, child run, [(prefix, prepared, ObjectRef)])
     for cell in cells:
@@ -351,14 +354,17 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
             target = spec.model_copy(update={"data": spec.data.model_copy(update={
                 "test_collection": None if collection == spec.data.collection else collection, "test_split": split})})
             prepared = prepare_trial(target)
-            jobs.append((prefix, prepared, submit_evaluation(target, prepared, checkpoint)))
+            interpolation = final_interpolation(spec, {WEIGHT_METRIC: child.data.metrics.get(f"best_{WEIGHT_METRIC}")})
+            jobs.append((prefix, prepared, submit_evaluation(target, prepared, checkpoint, interpolation)))
         pending.append((cell, run_id, winner, complete, child, jobs))
     if pending:
         _log(f"testing the winners of {len(pending)} cells ({sum(len(p[-1]) for p in pending)} evaluations)")
     for cell, run_id, winner, complete, child, jobs in pending:
         for prefix, prepared, ref in jobs:
-            evaluation, _ = ray.get(ref)
-            tracker.log_evaluation(run_id, prefix, evaluation)
+            tested = ray.get(ref)
+            tracker.log_evaluation(run_id, prefix, tested.evaluation)
+            if tested.weight is not None:
+                tracker.log_metrics(run_id, {f"{prefix}interpolation_weight": tested.weight})
             tracker.log_metrics(run_id, {f"bm25_{prefix}{k}": v for k, v in prepared.first_stage_test.aggregate.items()})
         tracker.log_metrics(run_id, {"best_val_ndcg_at_10": winner.value, "trials_complete": len(complete)})
         tracker.set_tags(run_id, {WINNER_TAG: child.info.run_id, "winner_params": str(winner.params)})

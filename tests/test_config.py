@@ -36,6 +36,9 @@ def edited(tmp_path, old, new):
         ("  epochs: 2", "  epochs: 2\n  epocs: 3", r"optimization.epocs: unknown key"),
         ("size: 1000 ", "size: 999 ", r"size must be an even number"),
         ("  batch_size: 16", "  batch_size: 15", r"batch_size counts pairs"),
+        ("interpolation: tuned ", "interpolation: 1.5 ",
+         r"reranking.interpolation: must be 'none', 'tuned' or a weight in \[0, 1\], got 1.5"),
+        ("interpolation: tuned ", "interpolation: best ", r"reranking.interpolation: must be .* got 'best'"),
     ],
 )
 def test_invalid_values_name_file_and_line(tmp_path, old, new, message):
@@ -109,3 +112,15 @@ def test_multi_trial_file_merges_base_and_points_at_override_lines(tmp_path):
     path.write_text("name: m\nbase:\n  data: {collection: c}\n  model: {name: x}\ntrials:\n  a: {}\n  b:\n    loss: {ranking: nope}\n")
     with pytest.raises(InputError, match=r"multi.yaml:8: loss.ranking: 'nope' is not allowed"):
         load_trials(path, TrialSpec)
+
+
+def test_trial_identity_is_unchanged_by_the_reranking_section_at_its_defaults():
+    from orchestrator.run_trial import trial_key
+
+    spec = TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"},
+                                     "model": {"name": "minilm-l6", "max_length": 128}})
+    # The key this spec had before `reranking` existed: finished trials tracked then are reused.
+    assert trial_key(spec) == "761b677795444a3d"
+    tuned = spec.model_copy(update={"reranking": spec.reranking.model_copy(update={"interpolation": "tuned"})})
+    assert trial_key(tuned) != trial_key(spec)
+    assert load_spec(TRIAL, TrialSpec).reranking.interpolation == "tuned"

@@ -17,12 +17,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1) -> Path:
+def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1,
+               interpolation: str = "none") -> Path:
     config = {
         "name": name,
         "base": {
             "data": {"collection": "beir/scifact", "validation_queries": 5},
             "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+            "reranking": {"interpolation": interpolation},
             "optimization": {"epochs": epochs, "batch_size": 8},
             "resources": {"workers": 1, "cpus_per_worker": 1},
         },
@@ -61,7 +63,8 @@ def by_kind(runs, kind):
 def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
     work = tmp_path_factory.mktemp("sweep")
     spec = sweep_yaml(work / "tiny.yaml", tiny_model_dir, "tiny-fail",
-                      [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}])
+                      [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}],
+                      interpolation="tuned")
     uri = f"sqlite:///{work / 'mlflow.db'}"
     common = ["--storage", str(work / "store"), "--tracking-uri", uri]
     plan = json.loads(orchestrate(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
@@ -104,6 +107,11 @@ def test_exact_runs_tags_and_metrics(failing_sweep):
     for cell in winners:
         assert 0 <= cell.data.metrics["test_ndcg_at_10"] <= 1 and "rerank_lab.winner" in cell.data.tags
         assert cell.data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(0.6789, abs=0.002)
+        # interpolation: the winner is tested with the weight tuned on validation at its best epoch
+        winner = client.get_run(cell.data.tags["rerank_lab.winner"])
+        assert cell.data.metrics["test_interpolation_weight"] == winner.data.metrics["best_val_interpolation_weight"]
+        history = client.get_metric_history(winner.info.run_id, "val_interpolation_weight")
+        assert [m.value for m in history] == [winner.data.metrics["best_val_interpolation_weight"]]  # one epoch
 
 
 def test_trials_reuse_the_data_the_driver_prepared(failing_sweep):

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from workloads.reranking import WEIGHT_GRID
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -21,6 +23,7 @@ def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
         "data": {"collection": "beir/scifact", "validation_queries": 10},
         "first_stage": {"train_depth": 20, "validation_depth": 10, "test_depth": 5},
         "training_data": {"size": 64, "seed": 3},
+        "reranking": {"interpolation": "tuned"},
         "model": {"name": str(tiny_model_dir), "max_length": 128},
         "optimization": {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3},
         "resources": {"workers": 2, "cpus_per_worker": 1},
@@ -40,6 +43,7 @@ def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
     assert first.returncode == 0, first.stderr[-3000:]
     second = orchestrate()
     assert second.returncode == 0, second.stderr[-3000:]
+    (work / "first.stderr").write_text(first.stderr)
     return work, uri, json.loads(first.stdout), json.loads(second.stdout)
 
 
@@ -49,6 +53,29 @@ def test_reports_validation_and_test_next_to_bm25(trial_run):
     assert 0.0 <= report["test"]["model"]["ndcg_at_10"] <= 1.0
     assert set(report["validation"]["model"]) >= {"ndcg_at_10", "rr_at_10", "ap", "p_at_1"}
     assert report["best_epoch"] in (1, 2) and report["timings"]["train_seconds_per_epoch"] > 0
+    # interpolated with BM25: the cross-encoder alone is reported beside the final ranking
+    assert report["interpolation_weight"] in WEIGHT_GRID
+    assert set(report["test"]["cross_encoder"]) == set(report["test"]["model"]) >= {"ndcg_at_10", "ap"}
+    assert set(report["validation"]["cross_encoder"]) == set(report["validation"]["model"])
+
+
+def test_test_ranking_uses_the_weight_tuned_on_validation_at_the_best_epoch(trial_run):
+    from mlflow.tracking import MlflowClient
+
+    _, uri, report, _ = trial_run
+    client = MlflowClient(tracking_uri=uri)
+    run_id = report["mlflow_run_id"]
+    history = {name: {m.step: m.value for m in client.get_metric_history(run_id, name)}
+               for name in ("val_ndcg_at_10", "val_cross_encoder_ndcg_at_10", "val_interpolation_weight")}
+    assert sorted(history["val_interpolation_weight"]) == [1, 2]
+    for epoch in (1, 2):  # w = 1 (the cross-encoder alone) is on the grid: tuning can only help validation
+        assert history["val_ndcg_at_10"][epoch] >= history["val_cross_encoder_ndcg_at_10"][epoch] - 1e-12
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["interpolation_weight"] == history["val_interpolation_weight"][report["best_epoch"]]
+    assert metrics["best_val_interpolation_weight"] == metrics["interpolation_weight"]
+    local = Path(client.download_artifacts(run_id, "per_query/test_cross_encoder.json"))
+    values = json.loads(local.read_text())["per_query"]["ndcg_at_10"]
+    assert sum(values.values()) / 300 == pytest.approx(metrics["test_cross_encoder_ndcg_at_10"], abs=1e-9)
 
 
 def test_mlflow_run_holds_config_axes_epochs_metrics_and_artifacts(trial_run):
@@ -92,3 +119,9 @@ def test_rerun_reuses_the_finished_run(trial_run):
     assert second["test"]["model"] == first["test"]["model"]
     experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("tiny-scifact")
     assert len(MlflowClient(tracking_uri=uri).search_runs([experiment.experiment_id])) == 1
+
+
+def test_worker_progress_reaches_the_driver_once(trial_run):
+    work, _, _, _ = trial_run
+    lines = [line for line in (work / "first.stderr").read_text().splitlines() if "[train] epoch 1 step" in line]
+    assert lines and len(lines) == len(set(lines))  # Train V2's print patch would print each line twice

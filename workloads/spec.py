@@ -37,6 +37,25 @@ class FirstStageSpec(_Strict):
     test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (METHODS: 100)")
 
 
+class RerankingSpec(_Strict):
+    """How the cross-encoder's scores become the final ranking (see workloads.reranking)."""
+
+    interpolation: Literal["none", "tuned"] | float = Field(
+        default="none",
+        description="none: the cross-encoder's order (METHODS); tuned: w * CE + (1 - w) * first stage, "
+                    "w chosen per epoch on validation; a number: that fixed w",
+    )
+
+    @field_validator("interpolation", mode="before")
+    @classmethod
+    def _setting(cls, value: object) -> object:
+        if value in ("none", "tuned"):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+            return float(value)
+        raise ValueError(f"must be 'none', 'tuned' or a weight in [0, 1], got {value!r}")
+
+
 class TrainingDataSpec(_Strict):
     size: int | Literal["full"] = Field(default=1_000, description="query-document pairs: N/2 triples (AUG section 6.3)")
     seed: int = 13
@@ -150,6 +169,7 @@ class TrialSpec(_Strict):
     seed: int = 13
     data: DataSpec
     first_stage: FirstStageSpec = FirstStageSpec()
+    reranking: RerankingSpec = RerankingSpec()
     training_data: TrainingDataSpec = TrainingDataSpec()
     model: ModelSpec
     loss: LossSpec = LossSpec()

@@ -29,11 +29,13 @@ from workloads.retrieval.bm25 import read_trec_run
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.losses import ModelOutputs, RankingWithContrastive, build_loss
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype
-from workloads.reranking import rerank_and_evaluate
+from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.spec import TrialSpec
 
 STATE_FILE = "training_state.pt"
 PROGRESS_FILE = "progress.json"
+CROSS_ENCODER_PREFIX = "val_cross_encoder_"  # the cross-encoder alone, logged when interpolating
+WEIGHT_METRIC = "val_interpolation_weight"  # the weight tuned on validation at that epoch
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,15 @@ class TrainingInputs:
 
 # metrics, checkpoint directory (rank 0 only, else None)
 Reporter = Callable[[dict[str, float], Path | None], None]
+
+
+def validation_metrics(validation: Reranking) -> dict[str, float]:
+    """``val_*`` of the final ranking; with interpolation also the cross-encoder alone and the weight."""
+    metrics = {f"val_{k}": v for k, v in validation.evaluation.aggregate.items()}
+    if validation.weight is not None:
+        metrics.update({f"{CROSS_ENCODER_PREFIX}{k}": v for k, v in validation.cross_encoder.aggregate.items()})
+        metrics[WEIGHT_METRIC] = validation.weight
+    return metrics
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -161,11 +172,12 @@ def train_cross_encoder(
         checkpoint: Path | None = None
         if rank == 0:
             eval_started = time.perf_counter()
-            evaluation, _ = rerank_and_evaluate(
+            validation = rerank_and_evaluate(
                 model, Path(inputs.validation_candidates), validation_run, inputs.validation_qrels,
                 inputs.relevance_level, opt.eval_batch_size, device, label=f"validate epoch {epoch}",
+                interpolation=spec.reranking.interpolation,
             )
-            metrics.update({f"val_{k}": v for k, v in evaluation.aggregate.items()})
+            metrics.update(validation_metrics(validation))
             metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started
             checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
             model.save(checkpoint)
@@ -173,6 +185,8 @@ def train_cross_encoder(
                         "scaler": scaler.state_dict(), "loss": loss_fn.state_dict(), "epoch": epoch},
                        checkpoint / STATE_FILE)
             (checkpoint / PROGRESS_FILE).write_text(json.dumps(metrics))
+            fused = (f" (cross-encoder alone {metrics[CROSS_ENCODER_PREFIX + PRIMARY_METRIC]:.4f}, "
+                     f"interpolation weight {validation.weight:.2f})" if validation.weight is not None else "")
             _log(rank, f"epoch {epoch}: train {train_seconds:.0f}s, validation {PRIMARY_METRIC} "
-                       f"{metrics['val_' + PRIMARY_METRIC]:.4f}")
+                       f"{metrics['val_' + PRIMARY_METRIC]:.4f}{fused}")
         report(metrics, checkpoint)

@@ -19,10 +19,10 @@ from workloads.augmentation import build_augmentation_set
 from workloads.collections import Collection, Qrels, resolve_collection
 from workloads.evaluation import Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder
-from workloads.reranking import rerank_and_evaluate
+from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieve
 from workloads.spec import TrialSpec
-from workloads.training import TrainingInputs, train_cross_encoder
+from workloads.training import WEIGHT_METRIC, TrainingInputs, train_cross_encoder
 from workloads.training_data import build_candidates, build_training_set, carve_validation_queries
 
 BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
@@ -101,15 +101,26 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     )
 
 
+def final_interpolation(spec: TrialSpec, epoch_metrics: dict[str, float]) -> float | str:
+    """The interpolation the test ranking uses: none, the fixed weight, or the weight tuned on
+    validation at the chosen epoch (never tuned on test)."""
+    setting = spec.reranking.interpolation
+    return epoch_metrics[WEIGHT_METRIC] if setting == "tuned" else setting
+
+
 def evaluate_checkpoint(
-    checkpoint: Path, prepared: PreparedTrial, spec: TrialSpec, device: torch.device | None = None
-) -> tuple[Evaluation, dict[str, dict[str, float]]]:
-    """Re-rank the test candidates with a trained checkpoint; returns the evaluation and the run."""
+    checkpoint: Path, prepared: PreparedTrial, spec: TrialSpec, device: torch.device | None = None,
+    interpolation: float | str = "none",
+) -> Reranking:
+    """Re-rank the test candidates with a trained checkpoint (see :func:`final_interpolation`)."""
+    if interpolation == "tuned":
+        raise ValueError("the test ranking takes the weight tuned on validation, not 'tuned'")
     device = device or torch.device("cpu")
     model = CrossEncoder.from_pretrained(str(checkpoint), spec.model.max_length, spec.model.pooling).to(device)
     return rerank_and_evaluate(
         model, Path(prepared.test_candidates), read_trec_run(Path(prepared.test_first_stage_run)),
-        prepared.test_qrels, prepared.test_relevance_level, spec.optimization.eval_batch_size, device, label="test")
+        prepared.test_qrels, prepared.test_relevance_level, spec.optimization.eval_batch_size, device, label="test",
+        interpolation=interpolation)
 
 
 @dataclass
@@ -118,7 +129,7 @@ class EpochRecord:
     checkpoint: Path | None
 
 
-def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[PreparedTrial, list[EpochRecord], Evaluation]:
+def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[PreparedTrial, list[EpochRecord], Reranking]:
     """Prepare, train on one process and test the best epoch: the trial without Ray."""
     prepared = prepare_trial(spec)
     records: list[EpochRecord] = []
@@ -134,6 +145,6 @@ def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[Prepar
     started = time.perf_counter()
     train_cross_encoder(spec, prepared.training, keep)
     best = max(records, key=lambda r: r.metrics["val_ndcg_at_10"])
-    evaluation, _ = evaluate_checkpoint(best.checkpoint, prepared, spec)
+    tested = evaluate_checkpoint(best.checkpoint, prepared, spec, interpolation=final_interpolation(spec, best.metrics))
     best.metrics["trial_seconds"] = time.perf_counter() - started
-    return prepared, records, evaluation
+    return prepared, records, tested
