@@ -81,8 +81,9 @@ def _pick(metrics: dict[str, float], prefix: str) -> dict[str, float]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.run_trial import run_trial
+    from orchestrator.run_trial import TEST_CROSS_ENCODER_PREFIX, run_trial
     from orchestrator.tracking import Tracker, resolve_tracking_uri
+    from workloads.training import CROSS_ENCODER_PREFIX
 
     experiment, specs = _selected_trials(args)
     tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
@@ -100,8 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         })
         if "interpolation_weight" in m:  # the final ranking fuses BM25; show the cross-encoder alone too
             results[-1]["interpolation_weight"] = m["interpolation_weight"]
-            results[-1]["validation"]["cross_encoder"] = _pick(m, "best_val_cross_encoder_")
-            results[-1]["test"]["cross_encoder"] = _pick(m, "test_cross_encoder_")
+            results[-1]["validation"]["cross_encoder"] = _pick(m, f"best_{CROSS_ENCODER_PREFIX}")
+            results[-1]["test"]["cross_encoder"] = _pick(m, TEST_CROSS_ENCODER_PREFIX)
         if not args.json:
             r = results[-1]
             emit(f"trial {spec.name}: MLflow run {report.run_id} in experiment '{experiment}' ({tracker.uri})"

@@ -105,7 +105,12 @@ def final_interpolation(spec: TrialSpec, epoch_metrics: dict[str, float]) -> flo
     """The interpolation the test ranking uses: none, the fixed weight, or the weight tuned on
     validation at the chosen epoch (never tuned on test)."""
     setting = spec.reranking.interpolation
-    return epoch_metrics[WEIGHT_METRIC] if setting == "tuned" else setting
+    if setting != "tuned":
+        return setting
+    if epoch_metrics.get(WEIGHT_METRIC) is None:
+        raise ValueError(f"{spec.name}: interpolation is 'tuned' but the chosen epoch recorded no {WEIGHT_METRIC} "
+                         "(trained before interpolation was set?); rerun it with --force")
+    return epoch_metrics[WEIGHT_METRIC]
 
 
 def evaluate_checkpoint(
