@@ -18,6 +18,7 @@ from orchestrator.tracking import Tracker
 from workloads.paths import stable_key
 from workloads.retrieval.bm25 import write_trec_run
 from workloads.spec import RerankingSpec, TrialSpec
+from workloads.training import WEIGHT_METRIC
 from workloads.trial import final_interpolation, prepare_trial
 
 
@@ -85,7 +86,7 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         _log(f"best epoch {best_epoch} ({VALIDATION_METRIC} {best.metrics[VALIDATION_METRIC]:.4f}); testing {best.checkpoint}")
 
         test_started = time.perf_counter()
-        tested = evaluate_on_ray(spec, prepared, best.checkpoint, final_interpolation(spec, best.metrics))
+        tested = evaluate_on_ray(spec, prepared, best.checkpoint, final_interpolation(spec, best.metrics.get(WEIGHT_METRIC)))
         tracker.log_evaluation(run_id, "test_", tested.evaluation)
         if tested.weight is not None:
             tracker.log_evaluation(run_id, TEST_CROSS_ENCODER_PREFIX, tested.cross_encoder)

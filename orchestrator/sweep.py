@@ -354,7 +354,7 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
             target = spec.model_copy(update={"data": spec.data.model_copy(update={
                 "test_collection": None if collection == spec.data.collection else collection, "test_split": split})})
             prepared = prepare_trial(target)
-            interpolation = final_interpolation(spec, {WEIGHT_METRIC: child.data.metrics.get(f"best_{WEIGHT_METRIC}")})
+            interpolation = final_interpolation(spec, child.data.metrics.get(f"best_{WEIGHT_METRIC}"))
             jobs.append((prefix, prepared, submit_evaluation(target, prepared, checkpoint, interpolation)))
         pending.append((cell, run_id, winner, complete, child, jobs))
     if pending:

@@ -71,12 +71,11 @@ def test_tuning_prefers_the_plain_reranker_when_fusion_does_not_help():
 @pytest.mark.parametrize("setting, expected", [("none", "none"), (0.3, 0.3), ("tuned", 0.65)])
 def test_the_test_ranking_takes_the_validation_weight_of_the_chosen_epoch(setting, expected):
     from workloads.spec import TrialSpec
-    from workloads.training import WEIGHT_METRIC
     from workloads.trial import final_interpolation
 
     spec = TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
                                      "reranking": {"interpolation": setting}})
-    assert final_interpolation(spec, {WEIGHT_METRIC: 0.65, "val_ndcg_at_10": 0.7}) == expected
+    assert final_interpolation(spec, 0.65) == expected
 
 
 def test_a_tuned_trial_without_a_recorded_weight_is_a_clear_error():
@@ -87,4 +86,4 @@ def test_a_tuned_trial_without_a_recorded_weight_is_a_clear_error():
     spec = TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
                                      "reranking": {"interpolation": "tuned"}})
     with pytest.raises(ValueError, match=f"x: interpolation is 'tuned' but the chosen epoch recorded no {WEIGHT_METRIC}"):
-        final_interpolation(spec, {WEIGHT_METRIC: None})
+        final_interpolation(spec, None)

@@ -101,16 +101,16 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     )
 
 
-def final_interpolation(spec: TrialSpec, epoch_metrics: dict[str, float]) -> float | str:
-    """The interpolation the test ranking uses: none, the fixed weight, or the weight tuned on
-    validation at the chosen epoch (never tuned on test)."""
+def final_interpolation(spec: TrialSpec, tuned_weight: float | None) -> float | str:
+    """The interpolation the test ranking uses: none, the fixed weight, or ``tuned_weight``,
+    the weight tuned on validation at the chosen epoch (never tuned on test)."""
     setting = spec.reranking.interpolation
     if setting != "tuned":
         return setting
-    if epoch_metrics.get(WEIGHT_METRIC) is None:
+    if tuned_weight is None:
         raise ValueError(f"{spec.name}: interpolation is 'tuned' but the chosen epoch recorded no {WEIGHT_METRIC} "
                          "(trained before interpolation was set?); rerun it with --force")
-    return epoch_metrics[WEIGHT_METRIC]
+    return tuned_weight
 
 
 def evaluate_checkpoint(
@@ -150,6 +150,6 @@ def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[Prepar
     started = time.perf_counter()
     train_cross_encoder(spec, prepared.training, keep)
     best = max(records, key=lambda r: r.metrics["val_ndcg_at_10"])
-    tested = evaluate_checkpoint(best.checkpoint, prepared, spec, interpolation=final_interpolation(spec, best.metrics))
+    tested = evaluate_checkpoint(best.checkpoint, prepared, spec, interpolation=final_interpolation(spec, best.metrics.get(WEIGHT_METRIC)))
     best.metrics["trial_seconds"] = time.perf_counter() - started
     return prepared, records, tested
