@@ -143,14 +143,14 @@ def cmd_augment(args: argparse.Namespace) -> int:
     for spec in specs:
         prepared = prepare_trial(spec)
         rows = pq.read_table(prepared.training.training_set).to_pylist()
-        augmented = pq.read_table(prepared.training.augmentation).to_pylist()
+        augmented = pq.read_table(prepared.training.augmentation_for(1)).to_pylist()
         emit(f"== {spec.name}: {spec.augmentation.method}, k_a = {spec.augmentation.k}, {len(augmented)} rows "
-              f"({prepared.training.augmentation})")
+              f"({prepared.training.augmentation_for(1)})")
         width = max(40, (args.width - 7) // 2)
         for row, aug in list(zip(rows, augmented))[: args.show]:
             emit(f"\nquery: {row['query']}")
             original = textwrap.wrap(row["positive"][:args.chars] + ("..." if len(row["positive"]) > args.chars else ""), width)
-            selected = textwrap.wrap(aug["augmented_positive"], width)
+            selected = textwrap.wrap(aug["augmented_positive"] or "(no sentence: no augmented pair)", width)
             emit(f"{'original d+ (' + row['positive_id'] + ')':<{width}} | augmented d+_a "
                   f"({aug['sentences_kept']} of {aug['sentences_total']} sentences)")
             for i in range(max(len(original), len(selected))):

@@ -120,6 +120,13 @@ class SweepResults:
         return self.sweep.base.get("data", {}).get("collection", "")
 
     @property
+    def test_collection(self) -> str:
+        """The collection the winners' ``test_*`` numbers are measured on (``data.test_collection``
+        when set, else the training collection)."""
+        data = self.sweep.base.get("data", {})
+        return data.get("test_collection") or data.get("collection", "")
+
+    @property
     def test_split(self) -> str:
         return self.sweep.base.get("data", {}).get("test_split", "test")
 
@@ -132,7 +139,7 @@ class SweepResults:
         def label(collection: str, split: str) -> str:
             return collection.rsplit("/", 1)[-1] + ("" if split == "test" else f":{split}")
 
-        targets = [(label(self.train_collection, self.test_split), TEST_PREFIX)]
+        targets = [(label(self.test_collection, self.test_split), TEST_PREFIX)]
         return targets + [(label(t.collection, t.split), t.metric_prefix) for t in self.sweep.zero_shot]
 
     def prefix_for(self, collection: str | None) -> str:
@@ -143,7 +150,7 @@ class SweepResults:
         for label, prefix in targets:
             if collection == label:
                 return prefix
-        if collection == self.train_collection:
+        if collection == self.test_collection:
             return TEST_PREFIX
         for target in self.sweep.zero_shot:
             if collection == target.collection:

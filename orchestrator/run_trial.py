@@ -25,14 +25,39 @@ from workloads.trial import final_interpolation, prepare_trial
 TEST_CROSS_ENCODER_PREFIX = "test_cross_encoder_"  # the cross-encoder alone, logged when interpolating
 
 
+# LossSpec fields added after trials were first keyed, with the value that computes what
+# trials computed before the field existed. Such a field is left out of the key when the
+# chosen losses do not read it or when it has that value, so results tracked before it
+# existed keep their identity (and are reused); any other value is a new experiment.
+_LEGACY_LOSS_VALUES = {"scl_normalization": "per_anchor", "ctriplet_centroid": "inclusive", "tml_reduction": "all",
+                       "nca_scale": 1.0}
+
+
 def trial_key(spec: TrialSpec) -> str:
     """Identity of a trial's result: everything that changes it (its name and resources do not).
 
-    A section at its defaults is left out when it was added after trials were first keyed
-    (``reranking``), so results tracked before it existed keep their identity and are reused.
+    A section or field at the value that reproduces earlier behaviour is left out when it
+    was added after trials were first keyed (``reranking``, the loss readings of
+    ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
+    tracked before it existed keep their identity. Augmented trials also key the sentence
+    splitter's version: a new splitter makes new training data.
     """
-    exclude = {"name", "resources"} | ({"reranking"} if spec.reranking == RerankingSpec() else set())
-    return stable_key(spec.model_dump_json(exclude=exclude))
+    from workloads.augmentation import SPLITTER_VERSION
+    from workloads.losses import loss_parameters
+
+    loss = spec.loss
+    active = set(loss_parameters(loss))
+    if loss.contrastive != "nca":  # nca_map's default was identity before NCA learned its map by default
+        spec = spec.model_copy(update={"loss": loss.model_copy(update={"nca_map": "identity"})})
+    exclude: dict = {"name": True, "resources": True}
+    if spec.reranking == RerankingSpec():
+        exclude["reranking"] = True
+    exclude["loss"] = {f for f, legacy in _LEGACY_LOSS_VALUES.items() if f not in active or getattr(loss, f) == legacy}
+    augmented = spec.augmentation.method != "none"
+    if not augmented or spec.augmentation.redraw == "once" or spec.optimization.epochs == 1:
+        exclude["augmentation"] = {"redraw"}  # one draw, as before per-epoch draws existed
+    payload = spec.model_dump_json(exclude=exclude)
+    return stable_key(payload, f"sentences-v{SPLITTER_VERSION}") if augmented else stable_key(payload)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import optuna
 from ray.tune.search import Searcher
 
 from orchestrator.sweep_spec import Cell, Choices, FloatRange, SearchSpec
-from workloads.spec import TrialSpec
+from workloads.spec import LOSS_HYPERPARAMETERS, TrialSpec
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
@@ -41,7 +41,7 @@ def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
     for name, value in params.items():
         if name == "learning_rate":
             data["optimization"]["learning_rate"] = value
-        elif name in ("lambda_", "tau", "contrastive_margin"):
+        elif name in LOSS_HYPERPARAMETERS:
             data["loss"][name] = value
         elif name == "k":
             data["augmentation"]["k"] = value

@@ -263,6 +263,17 @@ def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> int:
     return max(1, int(resources.get("CPU", 1) // per_trial))
 
 
+def evaluation_targets(sweep: SweepSpec, spec: TrialSpec) -> list[tuple[str, TrialSpec]]:
+    """(metric prefix, trial spec whose test data is that target) for every collection a
+    winner is tested on: the cell's own test data first, exactly as configured (its
+    ``data.test_collection`` and ``test_split``), then each zero-shot collection."""
+    targets = [(TEST_PREFIX, spec)]
+    for zero_shot in sweep.zero_shot:
+        data = spec.data.model_copy(update={"test_collection": zero_shot.collection, "test_split": zero_shot.split})
+        targets.append((zero_shot.metric_prefix, spec.model_copy(update={"data": data})))
+    return targets
+
+
 def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
     """The cell's spec once per searched k_a: each k_a is an augmentation set of its own,
     which the trials would otherwise build themselves, concurrently and more than once."""
@@ -290,6 +301,8 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     for cell in cells:
         for spec in _data_variants(cell, sweep):
             prepare_trial(spec)  # indexes, runs, training sets, augmentations: once, in the driver, before trials race
+        for _, target in evaluation_targets(sweep, cell.spec)[1:]:
+            prepare_trial(target)  # a zero-shot collection that cannot load fails now, not after every trial trained
 
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url)
     requeued = sum(requeue_interrupted(s) for s in searcher.studies.values())
@@ -347,12 +360,8 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         checkpoint = child.data.tags["best_checkpoint"]
         spec = apply_params(cell.spec, winner.params)
         init_ray(ray_address)
-        targets = [(spec.data.collection, spec.data.test_split, TEST_PREFIX)]
-        targets += [(t.collection, t.split, t.metric_prefix) for t in sweep.zero_shot]
         jobs = []
-        for collection, split, prefix in targets:
-            target = spec.model_copy(update={"data": spec.data.model_copy(update={
-                "test_collection": None if collection == spec.data.collection else collection, "test_split": split})})
+        for prefix, target in evaluation_targets(sweep, spec):
             prepared = prepare_trial(target)
             interpolation = final_interpolation(spec, child.data.metrics.get(f"best_{WEIGHT_METRIC}"))
             jobs.append((prefix, prepared, submit_evaluation(target, prepared, checkpoint, interpolation)))
@@ -360,12 +369,17 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
     if pending:
         _log(f"testing the winners of {len(pending)} cells ({sum(len(p[-1]) for p in pending)} evaluations)")
     for cell, run_id, winner, complete, child, jobs in pending:
-        for prefix, prepared, ref in jobs:
-            tested = ray.get(ref)
-            tracker.log_evaluation(run_id, prefix, tested.evaluation)
-            if tested.weight is not None:
-                tracker.log_metrics(run_id, {f"{prefix}interpolation_weight": tested.weight})
-            tracker.log_metrics(run_id, {f"bm25_{prefix}{k}": v for k, v in prepared.first_stage_test.aggregate.items()})
+        try:
+            for prefix, prepared, ref in jobs:
+                tested = ray.get(ref)
+                tracker.log_evaluation(run_id, prefix, tested.evaluation)
+                if tested.weight is not None:
+                    tracker.log_metrics(run_id, {f"{prefix}interpolation_weight": tested.weight})
+                tracker.log_metrics(run_id, {f"bm25_{prefix}{k}": v for k, v in prepared.first_stage_test.aggregate.items()})
+        except BaseException as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
+            tracker.set_tags(run_id, {"failure": "evaluation", "error": str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else type(exc).__name__})
+            tracker.finish(run_id, "FAILED")
+            raise
         tracker.log_metrics(run_id, {"best_val_ndcg_at_10": winner.value, "trials_complete": len(complete)})
         tracker.set_tags(run_id, {WINNER_TAG: child.info.run_id, "winner_params": str(winner.params)})
         tracker.set_tags(child.info.run_id, {WINNER_TAG: "true"})

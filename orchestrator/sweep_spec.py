@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workloads.losses import searchable_parameters
 from workloads.paths import stable_key
-from workloads.spec import CONTRASTIVE_PARAMETERS, TrialSpec
+from workloads.spec import LossSpec, RankingName, TrialSpec
 
 # Augmentation methods METHODS section 5 names; the supervised ones have no workload yet,
 # so their cells are reported as unavailable instead of being dropped.
@@ -26,10 +27,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class LossCell(_Strict):
-    ranking: Literal["pointwise", "pairwise", "mhl"] = "pointwise"
-    contrastive: Literal["none", "scl", "ctriplet", "infonce", "nca", "tml"] = "none"
-    weighting: Literal["fixed", "equal", "dwa"] = "fixed"
+# A grid's loss entry is a (partial) LossSpec: its names and the settings that are not searched
+# (e.g. {ranking: pointwise, contrastive: tml, tml_reduction: nonzero}); searched ones come from `search`.
+LossCell = LossSpec
 
 
 class AugmentationCell(_Strict):
@@ -45,7 +45,7 @@ class GridSpec(_Strict):
     sizes: list[int | Literal["full"]] = Field(min_length=1)
     seeds: list[int] = Field(default=[13], min_length=1)
     max_length: int = Field(default=512, ge=16, description="input tokens of every model")
-    baseline_ranking: Literal["pointwise", "pairwise", "mhl"] = "pointwise"
+    baseline_ranking: RankingName = "pointwise"
 
 
 class FloatRange(_Strict):
@@ -77,6 +77,8 @@ class SearchSpec(_Strict):
     lambda_: FloatRange | Choices | None = Field(default=None, alias="lambda")
     tau: FloatRange | Choices | None = None
     contrastive_margin: FloatRange | Choices | None = None
+    margin: FloatRange | Choices | None = Field(default=None, description="hinge margin of pairwise and mhl")
+    nca_scale: FloatRange | Choices | None = Field(default=None, description="s of RankingNCA")
     k: Choices | None = Field(default=None, description="k_a, the sentences an augmenter keeps")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -126,12 +128,7 @@ class Cell:
         """The hyper-parameters searched in this cell."""
         if self.spec is None:
             return ()
-        names = ["learning_rate"]
-        loss = self.spec.loss
-        if loss.contrastive != "none":
-            names += [p for p in CONTRASTIVE_PARAMETERS[loss.contrastive] if p != "nca_map"]
-            if loss.weighting != "fixed":
-                names = [n for n in names if n != "lambda_"]
+        names = ["learning_rate", *searchable_parameters(self.spec.loss)]
         if self.spec.augmentation.method != "none":
             names.append("k")
         return tuple(names)
@@ -141,6 +138,9 @@ def _cell_axes(model: str, loss: LossCell, augmentation: AugmentationCell, size,
     loss_name = loss.ranking if loss.contrastive == "none" else f"{loss.ranking}+{loss.contrastive}"
     if loss.weighting != "fixed":
         loss_name += f"({loss.weighting})"
+    settings = loss.model_dump(exclude_defaults=True, exclude={"ranking", "contrastive", "weighting"})
+    if settings:  # two entries of one loss with other settings are two cells
+        loss_name += "[" + ",".join(f"{k}={v}" for k, v in sorted(settings.items())) + "]"
     return {"model": model, "loss": loss_name, "augmentation": augmentation.method, "size": str(size), "seed": str(seed)}
 
 
@@ -174,7 +174,7 @@ def _make_cell(sweep: SweepSpec, model: str, loss: LossCell, augmentation: Augme
         "name": f"{sweep.name}.{key}",
         "seed": seed,
         "model": {"name": model, "max_length": sweep.grid.max_length},
-        "loss": loss.model_dump(exclude_defaults=True),
+        "loss": loss.model_dump(exclude_defaults=True, by_alias=True),
         "augmentation": augmentation.model_dump(exclude_defaults=True, exclude_none=True) if augmentation.method != "none" else {},
         "training_data": {"size": size, "seed": seed},
     })

@@ -6,7 +6,7 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from workloads.augmentation import build_augmentation_set, corpus_sentences, select_sentences
+from workloads.augmentation import build_augmentation_sets, corpus_sentences, document_sentences, select_sentences
 from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, load_glove
 from workloads.augmentation.sentences import split_sentences
 from workloads.collections import Collection, Document
@@ -86,7 +86,7 @@ def test_real_glove_subset_covers_scifact_words():
 
 def toy_collection():
     corpus = {
-        "d1": Document("d1", "Cats", DOC),
+        "d1": Document("d1", "Feline notes", DOC),
         "d2": Document("d2", "", "Dogs bark loudly. Dogs run."),
         "d3": Document("d3", "", "Fish swim. Fish eat."),
         "d4": Document("d4", "", "Birds fly south."),
@@ -94,13 +94,13 @@ def toy_collection():
     return Collection("toy", corpus, {"q1": "cats purring comfort"}, {"train": {"q1": {"d1": 1}}})
 
 
-def write_training_set(path):
+def write_training_set(path, positives=("d1",) * 3):
     import pyarrow as pa
 
     from workloads.training_data import TRAINING_SCHEMA
 
-    rows = [{"query_id": "q1", "query": "cats purring comfort", "positive_id": "d1", "positive": DOC,
-             "negative_id": "d2", "negative": "Dogs bark loudly. Dogs run."}] * 3
+    rows = [{"query_id": "q1", "query": "cats purring comfort", "positive_id": p, "positive": DOC,
+             "negative_id": "d2", "negative": "Dogs bark loudly. Dogs run."} for p in positives]
     pq.write_table(pa.Table.from_pylist(rows, schema=TRAINING_SCHEMA), path)
     return path
 
@@ -109,15 +109,65 @@ def test_augmentation_set_is_stored_once_and_reused(tmp_path, capsys):
     collection = toy_collection()
     training = write_training_set(tmp_path / "train-abc.parquet")
     spec = AugmentationSpec(method="bm25", k=2, seed=1)
-    path = build_augmentation_set(collection, "train", training, spec)
+    [path] = build_augmentation_sets(collection, "train", training, spec)
     rows = pq.read_table(path).to_pylist()
     assert len(rows) == 3
     assert rows[0]["augmented_positive"] == "Purring is how cats signal comfort. Cats are small mammals."
-    assert rows[0]["sentences_kept"] == 2 and rows[0]["sentences_total"] == 5
+    assert rows[0]["sentences_kept"] == 2 and rows[0]["sentences_total"] == 6  # the title is a candidate too
     assert all(r["augmented_negative_id"] != "d1" for r in rows)  # never a relevant document
     mtime = path.stat().st_mtime_ns
-    assert build_augmentation_set(collection, "train", training, spec) == path and path.stat().st_mtime_ns == mtime
+    assert build_augmentation_sets(collection, "train", training, spec) == [path] and path.stat().st_mtime_ns == mtime
     assert "reusing" in capsys.readouterr().err
-    other = build_augmentation_set(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1))
+    [other] = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1))
     assert other != path
     assert corpus_sentences(collection)["d3"] == ["Fish swim.", "Fish eat."]
+
+
+def test_title_is_a_candidate_sentence_of_its_own():
+    assert document_sentences(Document("d", "Purring  cats", "Dogs bark. Fish swim.")) == ["Purring cats", "Dogs bark.", "Fish swim."]
+    assert document_sentences(Document("d", "Only a title", "")) == ["Only a title"]
+    assert document_sentences(Document("d", "", "")) == []
+
+
+def test_title_only_document_is_augmented_with_its_title_and_an_empty_one_gets_no_pair(tmp_path):
+    from workloads.batches import triples_to_batch
+    from workloads.training import with_augmentation
+
+    collection = toy_collection()
+    collection.corpus["d5"] = Document("d5", "Cats purring for comfort", "")  # title only: its one sentence is the title
+    collection.corpus["d6"] = Document("d6", "", "   ")                      # nothing at all
+    collection.qrels["train"]["q1"].update({"d5": 1, "d6": 1})
+    training = write_training_set(tmp_path / "train-empty.parquet", positives=("d1", "d5", "d6"))
+    [path] = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="bm25", k=2, seed=1))
+    rows = pq.read_table(path).to_pylist()
+    assert rows[1]["augmented_positive"] == "Cats purring for comfort"
+    assert rows[2]["augmented_positive"] is None and rows[2]["augmented_negative"] is None and rows[2]["sentences_total"] == 0
+    triples = pq.read_table(training).to_pylist()
+    batch = triples_to_batch(with_augmentation(triples, str(path), str(training)))
+    # 3 triples -> 6 pairs, + 2 augmented pairs for d1 and d5 only: no empty text is trained as relevant
+    assert len(batch.documents) == 10 and "" not in batch.documents
+    assert batch.structure.labels.sum().item() == 5
+
+
+def test_per_epoch_redraw_is_seeded_and_epoch_one_equals_a_single_draw(tmp_path):
+    collection = toy_collection()
+    training = write_training_set(tmp_path / "train-redraw.parquet", positives=("d1",) * 12)
+    once = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1, redraw="once"), 3)
+    per_epoch = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1), 3)
+    assert len(once) == 1 and len(per_epoch) == 3 and per_epoch[0] == once[0]
+    epochs = [pq.read_table(p).to_pylist() for p in per_epoch]
+    negatives = [[r["augmented_negative_id"] for r in rows] for rows in epochs]
+    sentences = [[r["augmented_positive"] for r in rows] for rows in epochs]
+    assert negatives[0] != negatives[1] != negatives[2] and sentences[0] != sentences[1]  # drawn anew each epoch
+    assert all(n not in {"d1"} for epoch in negatives for n in epoch)
+    bm25 = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="bm25", k=2, seed=1), 2)
+    bm25_rows = [pq.read_table(p).to_pylist() for p in bm25]
+    assert [r["augmented_positive"] for r in bm25_rows[0]] == [r["augmented_positive"] for r in bm25_rows[1]]  # a ranking
+    # rebuilt from scratch elsewhere: the same draws (seeded per row and epoch)
+    import os
+    os.environ["ORCHESTRATE_CACHE_DIR"], saved = str(tmp_path / "other-cache"), os.environ["ORCHESTRATE_CACHE_DIR"]
+    try:
+        again = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1), 3)
+    finally:
+        os.environ["ORCHESTRATE_CACHE_DIR"] = saved
+    assert [pq.read_table(p).to_pylist() for p in again] == epochs

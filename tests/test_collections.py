@@ -111,3 +111,81 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
 def test_cli_unknown_dataset_exit_2():
     proc = run_cli("bm25", "--dataset", "beir/not-a-dataset-xyz", "--split", "test")
     assert proc.returncode == 2 and "beir/not-a-dataset-xyz" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def trec_dir(root: Path, name: str, collection_yaml: str | None = None) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "topics.tsv").write_text("q1\twhat purrs\nq2\twhy bark\n")
+    (path / "qrels.txt").write_text("q1 0 d1 2\nq1 0 d2 1\nq2 0 d2 3\n")
+    if collection_yaml is not None:
+        (path / "collection.yaml").write_text(collection_yaml)
+    return path
+
+
+def test_collection_yaml_states_relevance_level_and_corpus(tmp_path):
+    assert resolve_collection(str(trec_dir(tmp_path, "judged-dl"))).relevance_level == 2  # the documented guess
+    assert resolve_collection(str(trec_dir(tmp_path, "plain"))).relevance_level == 1
+    corpus = write_beir(tmp_path / "corpus-beir")
+    stated = resolve_collection(str(trec_dir(tmp_path, "stated-dl", f"relevance_level: 3\ncorpus: {corpus}\n")))
+    assert stated.relevance_level == 3  # the file, not the name, decides
+    assert stated.document("d1").contents == "Cats Cats purr."  # a topics-and-qrels directory given a corpus to re-rank
+    relative = resolve_collection(str(trec_dir(tmp_path, "relative", "corpus: ../corpus-beir\n")))
+    assert relative.document("d2").text == "Dogs bark."
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("relevance_level: two\n", r"collection.yaml: relevance_level must be an integer >= 1, got 'two'"),
+        ("relevance_level: 0\n", r"collection.yaml: relevance_level must be an integer >= 1"),
+        ("relevance: 2\n", r"collection.yaml: relevance: unknown key \(known: corpus, relevance_level\)"),
+        ("[1, 2]\n", r"collection.yaml: expected a mapping"),
+        ("relevance_level: [\n", r"collection.yaml: cannot read"),
+    ],
+)
+def test_bad_collection_yaml_is_one_clear_error(tmp_path, text, expected):
+    with pytest.raises(InputError, match=expected):
+        resolve_collection(str(trec_dir(tmp_path, "bad", text)))
+
+
+def test_overlapping_splits_of_one_collection_are_refused_before_anything_is_computed(tmp_path, monkeypatch):
+    import workloads.trial as trial
+    from workloads.spec import TrialSpec
+
+    root = write_beir(tmp_path / "overlap")
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"query {q}"}) + "\n" for q in ("q1", "q2", "q3")))
+    (root / "qrels" / "train.tsv").write_text("q1\td1\t1\nq2\td2\t1\n")  # q1 is judged in train and in test
+    (root / "qrels" / "dev.tsv").write_text("q3\td1\t1\n")
+    monkeypatch.setattr(trial, "retrieve", lambda *a, **k: pytest.fail("computed something before the guard"))
+    spec = TrialSpec.model_validate({"name": "t", "data": {"collection": str(root), "validation_split": "dev"},
+                                     "model": {"name": "x"}})
+    with pytest.raises(InputError, match=r"overlap: train and test queries overlap: 1 shared \(e.g. 'q1'\)"):
+        trial.prepare_trial(spec)
+    (root / "qrels" / "dev.tsv").write_text("q2\td1\t1\n")
+    with pytest.raises(InputError, match=r"train and validation queries overlap: 1 shared \(e.g. 'q2'\)"):
+        trial.prepare_trial(spec)
+
+
+@pytest.mark.parametrize("case", ["split", "collection_yaml", "overlap"])
+def test_cli_guards_are_one_line_exit_2(tmp_path, case):
+    import yaml
+
+    root = write_beir(tmp_path / "c")
+    data = {"collection": str(root)}
+    if case == "split":
+        data["validation_split"] = "test"
+    elif case == "collection_yaml":
+        (root / "collection.yaml").write_text("relevance_level: -1\n")
+    else:
+        (root / "qrels" / "train.tsv").write_text("q1\td1\t1\n")
+        data["validation_split"] = "test2"
+        (root / "qrels" / "test2.tsv").write_text("q1\td1\t1\n")
+    config = tmp_path / "trial.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "data": data, "model": {"name": "x"}}))
+    proc = run_cli("run", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--storage", str(tmp_path / "s"))
+    expected = {"split": "validation_split and test_split are both 'test'", "collection_yaml": "relevance_level must be",
+                "overlap": "queries overlap"}[case]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

@@ -70,9 +70,13 @@ def test_missing_file():
 @pytest.mark.parametrize(
     "loss, augmentation, message",
     [
-        ({"lambda": 0.3}, None, r"'lambda' has no effect with contrastive 'none'"),
-        ({"contrastive": "scl", "contrastive_margin": 0.9}, None, r"'contrastive_margin' has no effect with contrastive 'scl'"),
-        ({"contrastive": "ctriplet", "tau": 0.2}, None, r"'tau' has no effect with contrastive 'ctriplet'"),
+        ({"lambda": 0.3}, None, r"'lambda' has no effect with ranking 'pointwise', contrastive 'none'"),
+        ({"margin": 2.0}, None, r"'margin' has no effect with ranking 'pointwise'"),
+        ({"contrastive": "scl", "contrastive_margin": 0.9}, None, r"'contrastive_margin' has no effect with .* contrastive 'scl'"),
+        ({"contrastive": "ctriplet", "tau": 0.2}, None, r"'tau' has no effect with .* contrastive 'ctriplet'"),
+        ({"contrastive": "scl", "nca_scale": 2.0}, None, r"'nca_scale' has no effect with .* contrastive 'scl'"),
+        ({"contrastive": "tml", "scl_normalization": "global"}, None, r"'scl_normalization' has no effect"),
+        ({"contrastive": "ctriplet", "ctriplet_centroid": "mean"}, None, r"loss.ctriplet_centroid: 'mean' is not allowed"),
         ({"weighting": "dwa"}, None, r"weighting 'dwa' combines two losses"),
         ({"contrastive": "infonce"}, None, r"infonce' contrasts a relevant pair with its augmented view"),
         ({"contrastive": "simclr"}, None, r"loss.contrastive: 'simclr' is not allowed"),
@@ -124,3 +128,48 @@ def test_trial_identity_is_unchanged_by_the_reranking_section_at_its_defaults():
     tuned = spec.model_copy(update={"reranking": spec.reranking.model_copy(update={"interpolation": "tuned"})})
     assert trial_key(tuned) != trial_key(spec)
     assert load_spec(TRIAL, TrialSpec).reranking.interpolation == "tuned"
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"validation_split": "test"}, r"data: validation_split and test_split are both 'test' on one collection"),
+        ({"train_split": "test"}, r"data: train_split and test_split are both 'test' on one collection"),
+        ({"validation_split": "train"}, r"data: validation_split and train_split are both 'train'"),
+        ({"test_collection": "beir/scifact", "validation_split": "test"}, r"data: validation_split and test_split are both 'test'"),
+    ],
+)
+def test_a_split_used_twice_is_refused_with_its_line(tmp_path, data, message):
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "data": {"collection": "beir/scifact", **data}, "model": {"name": "minilm-l6"}},
+                                   sort_keys=False))
+    with pytest.raises(InputError, match=r"t.yaml:2: " + message):
+        load_spec(path, TrialSpec)
+    # a zero-shot test collection may use any split name
+    other = {"name": "t", "data": {"collection": "beir/scifact", "train_split": "test", "test_collection": "elsewhere"},
+             "model": {"name": "minilm-l6"}}
+    assert TrialSpec.model_validate(other).data.test_collection == "elsewhere"
+
+
+def test_trial_keys_of_losses_tracked_before_the_new_readings_are_unchanged():
+    """Golden keys computed with the code before the loss readings (SCL normalisation, CTriplet
+    centroid, TML reduction, NCA scale) and augmentation redraws existed: their runs are reused."""
+    from orchestrator.run_trial import trial_key
+
+    base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
+    golden = [({"contrastive": "scl", "tau": 0.2}, "8f6ceb08fb249c20"), ({"contrastive": "tml"}, "9954609d6baef26f"),
+              ({"ranking": "pairwise", "margin": 2.0}, "9a1825841da2cff2")]
+    for loss, key in golden:
+        assert trial_key(TrialSpec.model_validate({**base, "loss": loss})) == key
+    # a reading that changes what is computed is a new trial
+    for loss in ({"contrastive": "scl", "tau": 0.2, "scl_normalization": "global"}, {"contrastive": "tml", "tml_reduction": "nonzero"}):
+        assert trial_key(TrialSpec.model_validate({**base, "loss": loss})) not in {k for _, k in golden}
+    ctriplet = lambda centroid: trial_key(TrialSpec.model_validate({**base, "loss": {"contrastive": "ctriplet", "ctriplet_centroid": centroid}}))  # noqa: E731
+    assert ctriplet("inclusive") != ctriplet("leave_one_out")
+    # one epoch: one draw whatever `redraw` says, so the same trial
+    augmented = {**base, "augmentation": {"method": "bm25"}}
+    assert trial_key(TrialSpec.model_validate(augmented)) == trial_key(
+        TrialSpec.model_validate({**augmented, "augmentation": {"method": "bm25", "redraw": "once"}}))
+    two_epochs = {**augmented, "optimization": {"epochs": 2}}
+    assert trial_key(TrialSpec.model_validate(two_epochs)) != trial_key(
+        TrialSpec.model_validate({**two_epochs, "augmentation": {"method": "bm25", "redraw": "once"}}))

@@ -71,7 +71,7 @@ def test_degenerate_batch_is_finite_and_counted(name):
 @pytest.mark.parametrize("name", sorted(RANKING_LOSSES))
 def test_gradient_pushes_positive_up(name):
     out = outputs(SCORES)
-    build_ranking_loss(name, margin=5.0)(out, STRUCT).backward()
+    build_ranking_loss(name, **({"margin": 5.0} if name != "pointwise" else {}))(out, STRUCT).backward()
     grad = out.scores.grad
     assert grad[2] < 0 and grad[3] > 0  # descending the loss raises a positive and lowers a negative
 

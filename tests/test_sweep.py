@@ -18,11 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1,
-               interpolation: str = "none") -> Path:
+               interpolation: str = "none", test_collection: str | None = None) -> Path:
     config = {
         "name": name,
         "base": {
-            "data": {"collection": "beir/scifact", "validation_queries": 5},
+            "data": {"collection": "beir/scifact", "validation_queries": 5,
+                     **({"test_collection": test_collection} if test_collection else {})},
             "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
             "reranking": {"interpolation": interpolation},
             "optimization": {"epochs": epochs, "batch_size": 8},
@@ -59,12 +60,27 @@ def by_kind(runs, kind):
     return [r for r in runs if r.data.tags.get("rerank_lab.kind") == kind]
 
 
+HELD_OUT_QUERIES = 30
+
+
+def held_out_scifact(root: Path, scifact_dir: Path) -> Path:
+    """A held-out copy of SciFact: the same corpus (linked, not copied), only the first 30 test queries."""
+    path = root / "scifact-heldout"
+    (path / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl.gz", "queries.jsonl"):
+        (path / name).symlink_to(scifact_dir / name)
+    lines = (scifact_dir / "qrels" / "test.tsv").read_text().splitlines()
+    kept = sorted({line.split()[0] for line in lines[1:]})[:HELD_OUT_QUERIES]
+    (path / "qrels" / "test.tsv").write_text("\n".join([lines[0]] + [l for l in lines[1:] if l.split()[0] in kept]) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
     work = tmp_path_factory.mktemp("sweep")
     spec = sweep_yaml(work / "tiny.yaml", tiny_model_dir, "tiny-fail",
                       [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}],
-                      interpolation="tuned")
+                      interpolation="tuned", test_collection=str(held_out_scifact(work, scifact_dir)))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     common = ["--storage", str(work / "store"), "--tracking-uri", uri]
     plan = json.loads(orchestrate(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
@@ -104,9 +120,20 @@ def test_exact_runs_tags_and_metrics(failing_sweep):
         assert len(client.get_metric_history(trial.info.run_id, "val_ndcg_at_10")) == 1  # one epoch, logged once
     winners = [c for c in cells if c.info.status == "FINISHED"]
     assert len(winners) == 2
+    # the winners are tested on data.test_collection (the held-out copy), not on the training collection
+    from workloads.collections import resolve_collection
+    from workloads.evaluation import evaluate
+    from workloads.retrieval.bm25 import retrieve
+
+    held_out = resolve_collection(str(work / "scifact-heldout"))
+    bm25_run, _ = retrieve(held_out, held_out.split_queries("test"), k=1000)
+    bm25_held_out = evaluate(bm25_run, held_out.split_qrels("test"), held_out.relevance_level).aggregate["ndcg_at_10"]
+    assert bm25_held_out != pytest.approx(0.6789, abs=0.002)
     for cell in winners:
         assert 0 <= cell.data.metrics["test_ndcg_at_10"] <= 1 and "rerank_lab.winner" in cell.data.tags
-        assert cell.data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(0.6789, abs=0.002)
+        assert cell.data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(bm25_held_out, abs=1e-9)
+        per_query = json.loads(Path(client.download_artifacts(cell.info.run_id, "per_query/test.json")).read_text())
+        assert per_query["num_queries"] == HELD_OUT_QUERIES
         # interpolation: the winner is tested with the weight tuned on validation at its best epoch
         winner = client.get_run(cell.data.tags["rerank_lab.winner"])
         assert cell.data.metrics["test_interpolation_weight"] == winner.data.metrics["best_val_interpolation_weight"]
@@ -231,3 +258,5 @@ def test_report_of_the_finished_sweep(failing_sweep):
     assert float(rows["bm25 / pointwise+scl"]["value"]) == pytest.approx(scl, abs=1e-12)
     assert rows["bm25 / pointwise+ctriplet"]["status"] == "failed" and rows["bm25 / pointwise+ctriplet"]["value"] == ""
     assert len(list((work / "reports" / "tiny-fail").glob("*.png"))) == 2
+    markdown = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--no-plots")
+    assert "nDCG@10 on scifact-heldout" in markdown.stdout  # labelled with the collection it was measured on

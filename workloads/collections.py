@@ -10,6 +10,16 @@ Sources:
 
 ``resolve_collection("beir/scifact")`` looks for ``$ORCHESTRATE_DATA_DIR/scifact`` first and
 only then asks ir_datasets.
+
+A local directory may hold a ``collection.yaml`` that states the collection's properties
+instead of leaving them to a guess:
+
+    relevance_level: 2        # the minimum grade that counts as relevant (binary measures, positives)
+    corpus: msmarco-document  # the corpus to re-rank, for topics-and-qrels directories
+
+Without it the relevance level is guessed: 2 for TREC-DL (a directory or ir_datasets id
+with "dl" / "trec-dl" in its name: the track's guidelines count grades >= 2 for binary
+measures), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -249,7 +259,8 @@ def load_trec_directory(path: Path, name: str | None = None) -> Collection:
     qrels = sorted(p for p in path.glob("qrels*") if p.is_file())
     if len(topics) != 1 or len(qrels) != 1:
         raise InputError(path, f"expected one topics* and one qrels* file, found {len(topics)} and {len(qrels)}")
-    # TREC-DL grades 0-3 and counts >= 2 as relevant for binary measures (track guidelines).
+    # The guess when no collection.yaml says otherwise: TREC-DL grades 0-3 and counts >= 2
+    # as relevant for binary measures (track guidelines).
     relevance_level = 2 if "dl" in path.name.lower() else 1
     return load_trec_files(topics[0], qrels[0], name=name or path.name, relevance_level=relevance_level)
 
@@ -358,9 +369,46 @@ def resolve_collection(ref: str) -> Collection:
     return load_ir_datasets(ref)
 
 
+COLLECTION_FILE = "collection.yaml"
+_COLLECTION_KEYS = {"relevance_level", "corpus"}
+
+
+def read_collection_file(path: Path) -> dict:
+    """The properties a directory's ``collection.yaml`` states (see the module docstring)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(path, f"cannot read ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise InputError(path, "expected a mapping (relevance_level, corpus)")
+    unknown = sorted(set(data) - _COLLECTION_KEYS)
+    if unknown:
+        raise InputError(path, f"{unknown[0]}: unknown key (known: {', '.join(sorted(_COLLECTION_KEYS))})")
+    level = data.get("relevance_level")
+    if level is not None and (not isinstance(level, int) or isinstance(level, bool) or level < 1):
+        raise InputError(path, f"relevance_level must be an integer >= 1, got {level!r}")
+    corpus = data.get("corpus")
+    if corpus is not None and not isinstance(corpus, str):
+        raise InputError(path, f"corpus must be a collection reference (text), got {corpus!r}")
+    return data
+
+
 def _load_directory(path: Path, name: str) -> Collection:
+    properties = read_collection_file(path / COLLECTION_FILE) if (path / COLLECTION_FILE).is_file() else {}
     if _first_existing(path / "corpus.jsonl", path / "corpus.jsonl.gz"):
-        return load_beir_directory(path, name)
-    if any(path.glob("topics*")) and any(path.glob("qrels*")):
-        return load_trec_directory(path, name)
-    raise InputError(path, "neither a BEIR directory (corpus.jsonl, queries.jsonl, qrels/) nor TREC topics and qrels")
+        collection = load_beir_directory(path, name)
+    elif any(path.glob("topics*")) and any(path.glob("qrels*")):
+        collection = load_trec_directory(path, name)
+    else:
+        raise InputError(path, "neither a BEIR directory (corpus.jsonl, queries.jsonl, qrels/) nor TREC topics and qrels")
+    if properties.get("relevance_level") is not None:
+        collection.relevance_level = properties["relevance_level"]
+    if properties.get("corpus"):
+        if collection.corpus is not None:
+            raise InputError(path / COLLECTION_FILE, "corpus: this directory has a corpus of its own")
+        reference = properties["corpus"]
+        relative = path / reference
+        collection.corpus = resolve_collection(str(relative) if relative.is_dir() else reference).require_corpus()
+    return collection

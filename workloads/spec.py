@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, loss_parameters
+
 FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
 
 
@@ -26,6 +28,20 @@ class DataSpec(_Strict):
     validation_queries: int = Field(default=50, ge=5, description="queries carved from train_split when no validation split")
     test_split: str = "test"
     test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
+
+    @model_validator(mode="after")
+    def _splits_apart(self) -> "DataSpec":
+        """Training or choosing on the test split would report a number measured on seen data."""
+        if self.validation_split is not None and self.validation_split == self.train_split:
+            raise ValueError(f"validation_split and train_split are both '{self.train_split}': validation must be held out "
+                             "(leave validation_split unset to carve validation queries from train)")
+        if self.test_collection in (None, self.collection):
+            if self.train_split == self.test_split:
+                raise ValueError(f"train_split and test_split are both '{self.test_split}' on one collection")
+            if self.validation_split == self.test_split:
+                raise ValueError(f"validation_split and test_split are both '{self.test_split}' on one collection: "
+                                 "the model would be chosen on its test queries")
+        return self
 
 
 class FirstStageSpec(_Strict):
@@ -74,49 +90,54 @@ class ModelSpec(_Strict):
     pooling: Literal["cls", "mean"] = Field(default="cls", description="Phi: the first token (METHODS) or the mean over tokens")
 
 
-CONTRASTIVE_LOSSES = ("none", "scl", "ctriplet", "infonce", "nca", "tml")
-# The hyper-parameters each contrastive loss has (search spaces and validation use this).
-CONTRASTIVE_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "scl": ("lambda_", "tau"),
-    "ctriplet": ("lambda_", "contrastive_margin"),
-    "infonce": ("lambda_", "tau"),
-    "nca": ("lambda_", "nca_map"),
-    "tml": ("lambda_", "contrastive_margin"),
-}
+RankingName = Literal[tuple(RANKING_LOSSES)]  # type: ignore[valid-type]  # the registry's names
+ContrastiveName = Literal[("none", *CONTRASTIVE_LOSSES)]  # type: ignore[valid-type]
 
 
 class LossSpec(_Strict):
-    """L = (1 - lambda) L_rank + lambda L_con (AUG eq. 31), or CFT's equal / DWA weights."""
+    """L = (1 - lambda) L_rank + lambda L_con (AUG eq. 31), or CFT's equal / DWA weights.
+
+    Which fields a loss reads is declared by the loss itself (``workloads.losses``); a
+    non-default value of a field the chosen losses do not read is an error.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    ranking: Literal["pointwise", "pairwise", "mhl"] = "pointwise"
+    ranking: RankingName = "pointwise"
     margin: float = Field(default=1.0, gt=0, description="hinge margin of pairwise and mhl")
-    contrastive: Literal["none", "scl", "ctriplet", "infonce", "nca", "tml"] = "none"
+    contrastive: ContrastiveName = "none"
     lambda_: float = Field(default=0.5, ge=0, le=1, alias="lambda", description="contrastive weight (weighting: fixed)")
     tau: float = Field(default=0.1, gt=0, description="temperature of scl and infonce")
+    scl_normalization: Literal["per_anchor", "global"] = Field(
+        default="per_anchor", description="scl: 1/|P(i)| per anchor, mean over anchors (METHODS), or AUG eq. 17's one global 1/N+")
     contrastive_margin: float = Field(default=0.5, gt=0, description="alpha of ctriplet, m of tml (on unit-norm Phi)")
-    nca_map: Literal["identity", "learned"] = "identity"
+    ctriplet_centroid: Literal["leave_one_out", "inclusive"] = Field(
+        default="leave_one_out", description="ctriplet: the own-class centroid without the pair itself (Wieczorek et al.) or with it")
+    tml_reduction: Literal["all", "nonzero"] = Field(
+        default="all", description="tml: mean over all triplets, or over the non-zero ones (CFT's library)")
+    nca_map: Literal["learned", "identity"] = Field(
+        default="learned", description="nca: a learned linear map A (identity-initialised) or A = I (then NCA = SCL at tau = s/2)")
+    nca_scale: float = Field(default=1.0, gt=0, description="nca: s in exp(-||A Phi_i - A Phi_j||^2 / s)")
     weighting: Literal["fixed", "equal", "dwa"] = "fixed"
     dwa_period: int = Field(default=100, ge=1, description="F of dynamic weighted aggregation, in steps")
 
     @model_validator(mode="after")
     def _coherent(self) -> "LossSpec":
-        allowed = set(CONTRASTIVE_PARAMETERS[self.contrastive])
-        if self.weighting != "fixed":
-            allowed.discard("lambda_")
-            if self.contrastive == "none":
-                raise ValueError(f"weighting '{self.weighting}' combines two losses: set a contrastive loss")
-        if self.weighting == "dwa":
-            allowed.add("dwa_period")
-        for name in ("lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"):
+        if self.weighting != "fixed" and self.contrastive == "none":
+            raise ValueError(f"weighting '{self.weighting}' combines two losses: set a contrastive loss")
+        allowed = set(loss_parameters(self))
+        for name in LOSS_HYPERPARAMETERS:
             # A non-default value that nothing reads is a mistake in the config; defaults pass,
             # so a dumped spec validates again.
             if name not in allowed and getattr(self, name) != type(self).model_fields[name].default:
                 shown = "lambda" if name == "lambda_" else name
-                raise ValueError(f"'{shown}' has no effect with contrastive '{self.contrastive}' and weighting '{self.weighting}'")
+                raise ValueError(f"'{shown}' has no effect with ranking '{self.ranking}', contrastive "
+                                 f"'{self.contrastive}' and weighting '{self.weighting}'")
         return self
+
+
+# Every hyper-parameter field of LossSpec (the rest name the losses and their combination).
+LOSS_HYPERPARAMETERS = tuple(f for f in LossSpec.model_fields if f not in ("ranking", "contrastive", "weighting"))
 
 
 class AugmentationSpec(_Strict):
@@ -127,6 +148,10 @@ class AugmentationSpec(_Strict):
     seed: int = 13
     glove_path: str | None = Field(
         default=None, description="GloVe text file (.txt or .txt.gz); relative paths resolve against $ORCHESTRATE_DATA_DIR")
+    redraw: Literal["epoch", "once"] = Field(
+        default="epoch",
+        description="epoch: d-_a (and the random scorer's sentences) drawn anew every epoch, seeded (AUG Algorithm 1 "
+                    "draws per batch); once: one draw for all epochs")
 
     @model_validator(mode="after")
     def _glove_needs_vectors(self) -> "AugmentationSpec":

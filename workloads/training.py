@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
-from workloads.batches import triples_to_batch
+from workloads.batches import PairStructure, triples_to_batch
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.evaluation import PRIMARY_METRIC
-from workloads.losses import ModelOutputs, RankingWithContrastive, build_loss
+from workloads.losses import ModelOutputs, PairLoss, RankingWithContrastive, build_loss
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.spec import TrialSpec
@@ -47,7 +47,14 @@ class TrainingInputs:
     validation_first_stage_run: str
     validation_qrels: dict[str, dict[str, int]]
     relevance_level: int
-    augmentation: str | None = None  # Parquet row-aligned with training_set, or None
+    # Parquet files row-aligned with training_set: one per epoch (redraw: epoch), or one for
+    # every epoch (redraw: once); empty without augmentation.
+    augmentations: tuple[str, ...] = ()
+
+    def augmentation_for(self, epoch: int) -> str | None:
+        if not self.augmentations:
+            return None
+        return self.augmentations[min(epoch, len(self.augmentations)) - 1]
 
 
 # metrics, checkpoint directory (rank 0 only, else None)
@@ -61,6 +68,20 @@ def validation_metrics(validation: Reranking) -> dict[str, float]:
         metrics.update({f"{CROSS_ENCODER_PREFIX}{k}": v for k, v in validation.cross_encoder.aggregate.items()})
         metrics[WEIGHT_METRIC] = validation.weight
     return metrics
+
+
+def with_augmentation(triples: list[dict], augmentation: str | None, training_set: str) -> list[dict]:
+    """The training rows of one epoch: each triple with its augmentation columns, if any.
+
+    Rows whose augmentation kept no sentence carry ``augmented_positive = None`` and gain
+    no augmented pairs (``triples_to_batch``): an empty text is never trained as relevant.
+    """
+    if augmentation is None:
+        return triples
+    extra = pq.read_table(augmentation).to_pylist()
+    if [a["positive_id"] for a in extra] != [r["positive_id"] for r in triples]:
+        raise ValueError(f"{augmentation} is not aligned with {training_set}")
+    return [{**row, **more} for row, more in zip(triples, extra)]
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -79,6 +100,64 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class TrainingObjective(torch.nn.Module):
+    """The cross-encoder and its loss as one module: what data-parallel training wraps.
+
+    A loss can have parameters of its own (RankingNCA's learned map). Wrapping both in one
+    module puts them under DDP, so every worker's copy gets the same averaged gradients and
+    stays the same; wrapping the encoder alone let the copies of the map diverge.
+    """
+
+    def __init__(self, model: CrossEncoder, loss_fn: PairLoss, amp_dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.model, self.loss_fn, self.amp_dtype = model, loss_fn, amp_dtype
+
+    def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
+        device_type = next(self.model.parameters()).device.type
+        with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            scores, phi = self.model(**inputs)
+        return self.loss_fn(ModelOutputs(scores.float(), phi.float()), structure)
+
+
+NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+
+
+def parameter_groups(objective: TrainingObjective, weight_decay: float) -> list[dict]:
+    """AdamW groups: the encoder's weights decay; biases, norms and the loss's own parameters
+    do not (decay pulls towards 0, and a learned NCA map starts at, and should stay near,
+    the identity)."""
+    encoder = list(objective.model.named_parameters())
+    return [
+        {"params": [p for n, p in encoder if not n.endswith(NO_DECAY)], "weight_decay": weight_decay},
+        {"params": [p for n, p in encoder if n.endswith(NO_DECAY)] + list(objective.loss_fn.parameters()), "weight_decay": 0.0},
+    ]
+
+
+def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
+                      scheduler, scaler: torch.amp.GradScaler, inputs: dict[str, torch.Tensor], structure: PairStructure,
+                      max_grad_norm: float) -> torch.Tensor:
+    """One step: loss through ``wrapped`` (the objective, or its DDP wrapper), backward, clip
+    every trainable parameter's gradient (the loss's own too), step. Returns the loss."""
+    loss = wrapped(inputs, structure)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(objective.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    return loss.detach()
+
+
+def load_loss_state(loss_fn: PairLoss, state: dict) -> None:
+    """Restore a loss's parameters and counters; checkpoints written before the counters were
+    part of the state (no ``_extra_state``) restore the parameters and start the counters at 0."""
+    missing, unexpected = loss_fn.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(f"loss state does not match the loss: missing {missing}, unexpected {unexpected}")
+
+
 def train_cross_encoder(
     spec: TrialSpec,
     inputs: TrainingInputs,
@@ -93,32 +172,22 @@ def train_cross_encoder(
 
     model_source = str(resume_from) if resume_from else spec.model.name
     model = CrossEncoder.from_pretrained(model_source, spec.model.max_length, spec.model.pooling).to(device)
-    wrapped: torch.nn.Module = model
-    if world > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
+    amp_dtype = autocast_dtype(device, opt.precision)
+    objective = TrainingObjective(model, loss_fn, amp_dtype)
+    wrapped: torch.nn.Module = objective
+    if world > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
 
-    rows = pq.read_table(inputs.training_set).to_pylist()
-    if inputs.augmentation:
-        augmentation = pq.read_table(inputs.augmentation).to_pylist()
-        if [a["positive_id"] for a in augmentation] != [r["positive_id"] for r in rows]:
-            raise ValueError(f"{inputs.augmentation} is not aligned with {inputs.training_set}")
-        rows = [{**row, **extra} for row, extra in zip(rows, augmentation)]
+    triples = pq.read_table(inputs.training_set).to_pylist()
     triples_per_batch = opt.batch_size // 2
-    batches_per_epoch = len(rows) // triples_per_batch  # incomplete last batch dropped
+    batches_per_epoch = len(triples) // triples_per_batch  # incomplete last batch dropped
     steps_per_rank = batches_per_epoch // world
     if steps_per_rank == 0:
-        raise ValueError(f"{len(rows)} triples make no full batch of {triples_per_batch} triples per worker x {world} workers")
+        raise ValueError(f"{len(triples)} triples make no full batch of {triples_per_batch} triples per worker x {world} workers")
     total_steps = steps_per_rank * opt.epochs
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
-    named = [*model.named_parameters(), *loss_fn.named_parameters()]  # e.g. NCA's learned map
-    groups = [
-        {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": opt.weight_decay},
-        {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=opt.learning_rate)
+    optimizer = torch.optim.AdamW(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
-    amp_dtype = autocast_dtype(device, opt.precision)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
 
     first_epoch = 1
@@ -127,14 +196,15 @@ def train_cross_encoder(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        loss_fn.load_state_dict(state["loss"])
+        load_loss_state(loss_fn, state["loss"])
         first_epoch = state["epoch"] + 1
         _log(rank, f"resumed from {resume_from} after epoch {state['epoch']}")
 
     validation_run = read_trec_run(Path(inputs.validation_first_stage_run))
-    _log(rank, f"{len(rows)} triples, {steps_per_rank} steps/epoch x {opt.epochs} epochs, {world} worker(s) on {device}, "
+    _log(rank, f"{len(triples)} triples, {steps_per_rank} steps/epoch x {opt.epochs} epochs, {world} worker(s) on {device}, "
                f"precision {amp_dtype or torch.float32}")
     for epoch in range(first_epoch, opt.epochs + 1):
+        rows = with_augmentation(triples, inputs.augmentation_for(epoch), inputs.training_set)
         wrapped.train()
         order = list(range(len(rows)))
         random.Random(spec.seed * 1_000 + epoch).shuffle(order)
@@ -145,17 +215,9 @@ def train_cross_encoder(
         for step, batch_rows in enumerate(my_batches, 1):
             batch = triples_to_batch([rows[i] for i in batch_rows])
             pairs = model.encode(batch.queries, batch.documents).to(device)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                scores, phi = wrapped(**pairs.inputs)
-            loss = loss_fn(ModelOutputs(scores.float(), phi.float()), batch.structure.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), opt.max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            total_loss += float(loss.detach())
+            loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
+                                     batch.structure.to(device), opt.max_grad_norm)
+            total_loss += float(loss)
             if isinstance(loss_fn, RankingWithContrastive):
                 for name, value in loss_fn.last_parts.items():
                     parts[name] += value

@@ -13,10 +13,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 
-from workloads.augmentation import build_augmentation_set
+from workloads.augmentation import build_augmentation_sets
 from workloads.collections import Collection, Qrels, resolve_collection
+from workloads.errors import InputError
 from workloads.evaluation import Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder
 from workloads.reranking import Reranking, rerank_and_evaluate
@@ -46,6 +48,18 @@ def _first_stage(collection: Collection, queries: dict[str, str], k: int, spec: 
     return run, path, path.stem
 
 
+def require_disjoint(collection: Collection, query_sets: dict[str, object]) -> None:
+    """Train, validation and test queries of one collection must not overlap: a shared query
+    would be trained on, or chosen on, and then reported as held out."""
+    names = list(query_sets)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            shared = sorted(set(query_sets[first]) & set(query_sets[second]))
+            if shared:
+                raise InputError(collection.name, f"{first} and {second} queries overlap: {len(shared)} shared "
+                                                  f"(e.g. '{shared[0]}'); a split must be held out")
+
+
 def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     """Everything a trial's workers read, computed once and cached by content."""
     fs = spec.first_stage
@@ -61,22 +75,31 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         validation_queries = {q: train_queries[q] for q in validation_ids}
         train_qrels = collection.split_qrels(spec.data.train_split)
         validation_qrels = {q: train_qrels[q] for q in validation_ids}
+    same_collection = spec.data.test_collection in (None, spec.data.collection)
+    test_collection = collection if same_collection else resolve_collection(spec.data.test_collection)
+    test_queries = test_collection.split_queries(spec.data.test_split)
+    # before anything is computed: a shared query would be trained or chosen on, then reported as held out
+    require_disjoint(collection, {"train": train_ids, "validation": validation_queries,
+                                  **({"test": test_queries} if same_collection else {})})
 
     train_run, _, train_run_key = _first_stage(collection, {q: train_queries[q] for q in train_ids}, fs.train_depth, spec)
     training_set, stats = build_training_set(
         collection, spec.data.train_split, train_ids, train_run, train_run_key, fs.train_depth,
         spec.training_data.size, spec.training_data.seed)
 
-    augmentation = None
+    augmentations: list[Path] = []
+    augmentation_stats: dict[str, int] = {}
     if spec.augmentation.method != "none":
-        augmentation = build_augmentation_set(collection, spec.data.train_split, training_set, spec.augmentation)
+        augmentations = build_augmentation_sets(collection, spec.data.train_split, training_set, spec.augmentation,
+                                                spec.optimization.epochs)
+        # rows whose document has no sentence get no augmented pair (counted, epoch 1's draw)
+        augmentation_stats["augmentation_rows_without_sentences"] = pq.read_table(
+            augmentations[0], columns=["augmented_positive"]).column(0).null_count
 
     validation_run, validation_run_path, validation_key = _first_stage(collection, validation_queries, BASELINE_DEPTH, spec)
     validation_candidates = build_candidates(collection, validation_queries, validation_run, validation_key, fs.validation_depth)
     first_stage_validation = evaluate(validation_run, validation_qrels, collection.relevance_level).aggregate
 
-    test_collection = resolve_collection(spec.data.test_collection) if spec.data.test_collection else collection
-    test_queries = test_collection.split_queries(spec.data.test_split)
     test_run, test_run_path, test_key = _first_stage(test_collection, test_queries, BASELINE_DEPTH, spec)
     test_candidates = build_candidates(test_collection, test_queries, test_run, test_key, fs.test_depth)
     test_qrels = test_collection.split_qrels(spec.data.test_split)
@@ -88,7 +111,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
             validation_first_stage_run=str(validation_run_path),
             validation_qrels=validation_qrels,
             relevance_level=collection.relevance_level,
-            augmentation=str(augmentation) if augmentation else None,
+            augmentations=tuple(str(p) for p in augmentations),
         ),
         test_candidates=str(test_candidates),
         test_first_stage_run=str(test_run_path),
@@ -97,7 +120,8 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         first_stage_validation=first_stage_validation,
         first_stage_test=evaluate(test_run, test_qrels, test_collection.relevance_level),
         data_stats={"train_queries": len(train_ids), "validation_queries": len(validation_queries),
-                    "test_queries": len(test_queries), **{f"triples_{k}": v for k, v in asdict(stats).items()}},
+                    "test_queries": len(test_queries), **{f"triples_{k}": v for k, v in asdict(stats).items()},
+                    **augmentation_stats},
     )
 
 

@@ -4,8 +4,19 @@ For each training triple (q, d+, d-) a second triple (q, d+_a, d-_a) is made: d+
 k_a highest-scoring sentences of d+ under score(q, s), **ordered by score** (ties keep the
 document's order), and d-_a is a random non-relevant document: drawn uniformly from the
 corpus, excluding the documents judged relevant for q (AUG's "random document"). Only
-training data is augmented. Augmentations are computed once per (training set, method,
-k_a, seed) and stored as Parquet, row-aligned with the training set.
+training data is augmented.
+
+A document's candidate sentences are its title (one sentence of its own, when it has one:
+for MS MARCO the title is often the best sentence) followed by its text's sentences. A row
+whose document yields no sentence gets no augmented pair (``augmented_positive`` is null,
+counted in the log and in the trial's data statistics): an empty text is never trained as
+relevant.
+
+AUG Algorithm 1 draws d-_a per batch. ``redraw: epoch`` (the default) draws d-_a, and the
+``random`` scorer's sentences, anew for every epoch from a seeded generator, so each epoch
+has its own file; ``redraw: once`` uses one draw for every epoch. Epoch 1's draw is the same
+either way. Each file is computed once per (training set, method, k_a, seed, epoch) and
+stored as Parquet, row-aligned with the training set.
 """
 
 from __future__ import annotations
@@ -20,12 +31,13 @@ import pyarrow.parquet as pq
 
 from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, SentenceScorer, load_glove
 from workloads.augmentation.sentences import split_sentences
-from workloads.collections import Collection
+from workloads.collections import Collection, Document
 from workloads.errors import InputError
 from workloads.paths import atomic_path, cache_dir, data_dir, stable_key
 from workloads.spec import AugmentationSpec
 
-SPLITTER_VERSION = 1
+# 2: the title is a candidate sentence of its own (1 split the text only)
+SPLITTER_VERSION = 2
 
 AUGMENTATION_SCHEMA = pa.schema([
     ("query_id", pa.string()), ("positive_id", pa.string()), ("augmented_positive", pa.string()),
@@ -38,13 +50,19 @@ def _log(message: str) -> None:
     print(f"[augment] {message}", file=sys.stderr, flush=True)
 
 
+def document_sentences(document: Document) -> list[str]:
+    """A document's candidate sentences: its title (if any), then its text's sentences."""
+    title = " ".join(document.title.split())
+    return ([title] if title else []) + split_sentences(document.text)
+
+
 def corpus_sentences(collection: Collection) -> dict[str, list[str]]:
-    """Every document's text split into sentences, cached per collection content."""
+    """Every document split into candidate sentences, cached per collection content."""
     path = cache_dir() / "sentences" / f"{collection.fingerprint}-v{SPLITTER_VERSION}.parquet"
     if not path.exists():
         started = time.perf_counter()
         corpus = collection.require_corpus()
-        table = pa.table({"doc_id": list(corpus), "sentences": [split_sentences(d.text) for d in corpus.values()]})
+        table = pa.table({"doc_id": list(corpus), "sentences": [document_sentences(d) for d in corpus.values()]})
         with atomic_path(path, ".parquet") as tmp:
             pq.write_table(table, tmp)
         _log(f"split {len(corpus):,} documents into sentences in {time.perf_counter() - started:.1f}s -> {path}")
@@ -77,39 +95,66 @@ def build_scorer(spec: AugmentationSpec, sentences: dict[str, list[str]]) -> Sen
     raise ValueError(f"no scorer for augmentation method '{spec.method}'")
 
 
-def build_augmentation_set(collection: Collection, split: str, training_set: Path, spec: AugmentationSpec) -> Path:
-    """Augment every row of ``training_set``; built once, then reused by every trial."""
+def augmentation_epochs(spec: AugmentationSpec, epochs: int) -> int:
+    """How many distinct draws a trial of ``epochs`` epochs trains on."""
+    return epochs if spec.redraw == "epoch" else 1
+
+
+def _augmentation_path(training_set: Path, spec: AugmentationSpec, glove_key, epoch: int) -> Path:
+    # Epoch 1 keeps the key it had before per-epoch draws existed: the same file either way.
+    key = stable_key(training_set.name, spec.method, spec.k, spec.seed, glove_key, SPLITTER_VERSION,
+                     *((f"epoch-{epoch}",) if epoch > 1 else ()))
+    suffix = f"-e{epoch}" if epoch > 1 else ""
+    return cache_dir() / "augmentations" / f"{training_set.stem}-{spec.method}-k{spec.k}{suffix}-{key}.parquet"
+
+
+def build_augmentation_sets(collection: Collection, split: str, training_set: Path, spec: AugmentationSpec,
+                            epochs: int = 1) -> list[Path]:
+    """The augmentation file of every epoch (one file with ``redraw: once``); each is built
+    once, then reused by every trial that asks for it."""
     glove_key = None
     if spec.method == "glove":
         glove = resolve_glove_path(spec.glove_path)
         glove_key = (str(glove), glove.stat().st_size)
-    key = stable_key(training_set.name, spec.method, spec.k, spec.seed, glove_key, SPLITTER_VERSION)
-    path = cache_dir() / "augmentations" / f"{training_set.stem}-{spec.method}-k{spec.k}-{key}.parquet"
-    if path.exists():
-        _log(f"reusing {path}")
-        return path
-    started = time.perf_counter()
+    paths = [_augmentation_path(training_set, spec, glove_key, e) for e in range(1, augmentation_epochs(spec, epochs) + 1)]
+    missing = [(e, p) for e, p in enumerate(paths, 1) if not p.exists()]
+    if len(missing) < len(paths):
+        _log(f"reusing {len(paths) - len(missing)} augmentation file(s) of {training_set.stem} ({spec.method}, k_a={spec.k})")
+    if not missing:
+        return paths
     rows = pq.read_table(training_set).to_pylist()
     sentences = corpus_sentences(collection)
     scorer = build_scorer(spec, sentences)
     qrels = collection.split_qrels(split)
     doc_ids = sorted(collection.require_corpus())
-    out = []
-    for index, row in enumerate(rows):
-        rng = random.Random(f"{spec.seed}-{index}-{row['query_id']}-{row['positive_id']}")
-        doc_sentences = sentences[row["positive_id"]]
-        kept = select_sentences(scorer.scores(row["query"], doc_sentences, rng), doc_sentences, spec.k)
-        relevant = {d for d, g in qrels.get(row["query_id"], {}).items() if g >= collection.relevance_level}
+    for epoch, path in missing:
+        started = time.perf_counter()
+        out = [_augment_row(index, row, epoch, spec, sentences, scorer, qrels, collection, doc_ids) for index, row in enumerate(rows)]
+        with atomic_path(path, ".parquet") as tmp:
+            pq.write_table(pa.Table.from_pylist(out, schema=AUGMENTATION_SCHEMA), tmp)
+        oov = f", {scorer.oov_texts} texts without a known GloVe word" if isinstance(scorer, GloVeScorer) else ""
+        empty = sum(1 for r in out if r["augmented_positive"] is None)
+        dropped = f", {empty} rows without any sentence (no augmented pair)" if empty else ""
+        _log(f"{spec.method} k_a={spec.k} epoch {epoch}: {len(out)} rows in {time.perf_counter() - started:.1f}s"
+             f"{oov}{dropped} -> {path}")
+    return paths
+
+
+def _augment_row(index: int, row: dict, epoch: int, spec: AugmentationSpec, sentences: dict[str, list[str]],
+                 scorer: SentenceScorer, qrels, collection: Collection, doc_ids: list[str]) -> dict:
+    # One generator per row and epoch: a row's draw never depends on the others (epoch 1 keeps
+    # the seed it had before per-epoch draws existed).
+    epoch_part = f"-e{epoch}" if epoch > 1 else ""
+    rng = random.Random(f"{spec.seed}{epoch_part}-{index}-{row['query_id']}-{row['positive_id']}")
+    doc_sentences = sentences[row["positive_id"]]
+    kept = select_sentences(scorer.scores(row["query"], doc_sentences, rng), doc_sentences, spec.k)
+    base = {"query_id": row["query_id"], "positive_id": row["positive_id"],
+            "sentences_kept": len(kept), "sentences_total": len(doc_sentences)}
+    if not kept:  # nothing to keep: no augmented pair for this row
+        return {**base, "augmented_positive": None, "augmented_negative_id": None, "augmented_negative": None}
+    relevant = {d for d, g in qrels.get(row["query_id"], {}).items() if g >= collection.relevance_level}
+    negative_id = rng.choice(doc_ids)
+    while negative_id in relevant or negative_id == row["positive_id"]:
         negative_id = rng.choice(doc_ids)
-        while negative_id in relevant or negative_id == row["positive_id"]:
-            negative_id = rng.choice(doc_ids)
-        out.append({
-            "query_id": row["query_id"], "positive_id": row["positive_id"], "augmented_positive": " ".join(kept),
-            "sentences_kept": len(kept), "sentences_total": len(doc_sentences),
-            "augmented_negative_id": negative_id, "augmented_negative": collection.document(negative_id).contents,
-        })
-    with atomic_path(path, ".parquet") as tmp:
-        pq.write_table(pa.Table.from_pylist(out, schema=AUGMENTATION_SCHEMA), tmp)
-    oov = f", {scorer.oov_texts} texts without a known GloVe word" if isinstance(scorer, GloVeScorer) else ""
-    _log(f"{spec.method} k_a={spec.k}: {len(out)} rows in {time.perf_counter() - started:.1f}s{oov} -> {path}")
-    return path
+    return {**base, "augmented_positive": " ".join(kept), "augmented_negative_id": negative_id,
+            "augmented_negative": collection.document(negative_id).contents}

@@ -12,7 +12,9 @@ class RankingWithContrastive(PairLoss):
     - ``equal``: 0.5 L_rank + 0.5 L_con (CFT);
     - ``dwa``: dynamic weighted aggregation (CFT): w1(t) = |sin(2 pi t / F)|, w2 = 1 - w1(t),
       t the optimisation step (counted by training-mode calls), F the period.
-    The parts of the last call are kept in ``last_parts`` for logging.
+    The parts of the last call are kept in ``last_parts`` for logging. The step counter is
+    in the module's ``state_dict`` (extra state), so a resumed trial continues DWA's cycle
+    where its checkpoint left it instead of restarting it at t = 0.
     """
 
     name = "combined"
@@ -27,8 +29,14 @@ class RankingWithContrastive(PairLoss):
         self.step = 0
         self.last_parts: dict[str, float] = {}
 
+    def get_extra_state(self) -> dict:
+        return {"step": self.step}  # degenerate batches live in the two parts' own states
+
+    def set_extra_state(self, state: dict) -> None:
+        self.step = int(state.get("step", 0))
+
     @property
-    def config(self) -> dict[str, float]:
+    def config(self) -> dict[str, float | str]:
         return {"lambda": self.lambda_, "period": float(self.period), **self.ranking.config,
                 **{f"contrastive_{k}": v for k, v in self.contrastive.config.items()}}
 

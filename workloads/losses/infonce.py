@@ -11,16 +11,21 @@ class RankingInfoNCE(PairLoss):
     (q, d+_a) made from it (``structure.source[j] == i``); the negatives are every other
     pair of the batch. loss_i = -log( exp(cos(Phi_i, Phi_j)/t) / sum_{k != i} exp(cos(Phi_i, Phi_k)/t) ),
     averaged over anchors. Needs augmentation: without augmented pairs there is no anchor.
+
+    Args:
+        temperature: t (the spec's ``tau``).
     """
 
     name = "infonce"
+    hyperparameters = {"tau": "temperature"}
+    searchable = ("tau",)
 
     def __init__(self, temperature: float = 0.1) -> None:
         super().__init__()
         self.temperature = temperature
 
     @property
-    def config(self) -> dict[str, float]:
+    def config(self) -> dict[str, float | str]:
         return {"temperature": self.temperature}
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:

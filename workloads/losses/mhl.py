@@ -11,6 +11,8 @@ class MaxHinge(MarginPairLoss):
     """
 
     name = "mhl"
+    hyperparameters = {"margin": "margin"}
+    searchable = ("margin",)
     default_margin = 1.0
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:

@@ -10,6 +10,8 @@ class PairwiseHinge(MarginPairLoss):
     """
 
     name = "pairwise"
+    hyperparameters = {"margin": "margin"}
+    searchable = ("margin",)
     default_margin = 1.0
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
