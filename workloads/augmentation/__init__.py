@@ -118,8 +118,9 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
         glove_key = (str(glove), glove.stat().st_size)
     paths = [_augmentation_path(training_set, spec, glove_key, e) for e in range(1, augmentation_epochs(spec, epochs) + 1)]
     missing = [(e, p) for e, p in enumerate(paths, 1) if not p.exists()]
-    if len(missing) < len(paths):
-        _log(f"reusing {len(paths) - len(missing)} augmentation file(s) of {training_set.stem} ({spec.method}, k_a={spec.k})")
+    for path in paths:
+        if path.exists():
+            _log(f"reusing {path}")
     if not missing:
         return paths
     rows = pq.read_table(training_set).to_pylist()

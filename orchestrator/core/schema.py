@@ -1,0 +1,181 @@
+"""The run store's vocabulary: every tag key, run kind, metric name and the objective.
+
+One module owns them, so a trial tracked by ``orchestrate run``, a sweep's trial and cell
+runs, and everything that reads them back (status, report, compare) agree on what a name
+means. The per-epoch metrics are the data plane's (``workloads.training``: ``val_*``,
+``train_*``, ``epoch_*``); this module names everything MLflow holds around them.
+
+Metric names of an evaluation target (``test``, ``zs_<collection>_<split>``, ...):
+``<target>_<measure>`` is the final ranking, ``<target>_cross_encoder_<measure>`` the
+cross-encoder alone when the final ranking fuses the first stage,
+``bm25_<target>_<measure>`` the first stage, ``<target>_interpolation_weight`` the weight
+used. Each has its per-query values as the artifact ``per_query/<prefix without _>.json``.
+"""
+
+from __future__ import annotations
+
+from workloads.evaluation import MEASURES, PRIMARY_METRIC
+from workloads.paths import stable_key
+from workloads.spec import LossSpec, RerankingSpec, TrialSpec
+from workloads.training import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, WEIGHT_METRIC
+
+# ----------------------------------------------------------------------------- tags
+
+TRIAL_KEY_TAG = "rerank_lab.trial_key"  # a run's identity: found again on every rerun
+KIND_TAG = "rerank_lab.kind"
+SWEEP_TAG = "rerank_lab.sweep"
+CELL_TAG = "rerank_lab.cell"
+OPTUNA_TAG = "rerank_lab.optuna_trial"
+WINNER_TAG = "rerank_lab.winner"        # on a cell: its winning trial run; on that trial run: "true"
+# The next five predate the rerank_lab. prefix; stores written before keep them, so do we.
+WINNER_PARAMS_TAG = "winner_params"
+BASELINE_TAG = "baseline"
+CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint
+FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed
+ERROR_TAG = "error"                     # the last line of the error
+PARENT_TAG = "mlflow.parentRunId"        # MLflow's own: nests runs in the UI
+NOTE_TAG = "mlflow.note.content"         # MLflow's own: a run's description
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # MLflow 3 opens such experiments on their runs table
+
+# Run kinds (KIND_TAG values).
+SWEEP, CELL, TRIAL, SELECTOR = "sweep", "cell", "trial", "selector"
+RUN_KINDS = (SWEEP, CELL, TRIAL, SELECTOR)
+
+# The axes of a grid: MLflow tags on trial and cell runs alike; a cell's key hashes GRID_AXES.
+GRID_AXES = ("model", "loss", "augmentation", "size", "seed")
+AXES = (*GRID_AXES, "collection")
+
+# ----------------------------------------------------------------------------- metrics
+
+VALIDATION_PREFIX = "val_"
+OBJECTIVE = f"{VALIDATION_PREFIX}{PRIMARY_METRIC}"  # what every trial maximises and every epoch is chosen on
+BEST_PREFIX = "best_"                                # the chosen epoch's val_* metrics
+BEST_OBJECTIVE = f"{BEST_PREFIX}{OBJECTIVE}"
+BEST_EPOCH = "best_epoch"
+TUNED_WEIGHT = WEIGHT_METRIC                          # per epoch: the weight tuned on validation
+VALIDATION_CROSS_ENCODER_PREFIX = CROSS_ENCODER_PREFIX
+FIRST_STAGE = "bm25"
+TEST = "test"                                         # the trial's own test data
+TRIALS_COMPLETE = "trials_complete"                   # on a cell run
+
+# One timing vocabulary (seconds), on trial runs of `run` and of sweeps.
+TIME_PREPARE = "time_prepare_seconds"          # data preparation in the driver (shared in sweeps: 0 there)
+TIME_TRAIN_WALL = "time_train_wall_seconds"    # Ray Train from submission to the last report
+TIME_TRAINING = "time_training_seconds"        # inside the loop: every epoch's training and validation
+TIME_PER_EPOCH = "time_train_seconds_per_epoch"
+TIME_OVERHEAD = "time_overhead_seconds"        # wall minus training: worker start, model load, checkpoints
+TIME_EVALUATION = "time_evaluation_seconds"    # the chosen checkpoint on every evaluation target
+TIME_TRIAL = "time_trial_seconds"              # the whole trial
+
+
+def target_prefix(target: str) -> str:
+    return f"{target}_"
+
+
+def cross_encoder_prefix(target: str) -> str:
+    return f"{target}_cross_encoder_"
+
+
+def first_stage_prefix(target: str) -> str:
+    """``bm25_test_``; ``bm25_val_`` for the validation queries."""
+    return f"{FIRST_STAGE}_{target}_"
+
+
+def weight_metric(target: str) -> str:
+    return f"{target}_interpolation_weight"
+
+
+def zero_shot_target(collection: str, split: str) -> str:
+    return f"zs_{collection.rsplit('/', 1)[-1]}_{split}"
+
+
+def is_epoch_metric(name: str) -> bool:
+    """A metric the training loop reports per epoch (not Ray's or Tune's bookkeeping)."""
+    return name in EPOCH_METRICS or name.startswith(EPOCH_METRIC_PREFIXES)
+
+
+def measures(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    """The evaluation measures logged under ``prefix``, without it (``test_`` -> {ndcg_at_10: ...})."""
+    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix) and k.removeprefix(prefix) in MEASURES}
+
+
+# ----------------------------------------------------------------------------- axes, params, identity
+
+
+def loss_label(loss: LossSpec) -> str:
+    """The loss axis: ranking[+contrastive][(weighting)][fixed readings], never a searched value."""
+    from workloads.losses import searchable_parameters
+
+    label = loss.ranking if loss.contrastive == "none" else f"{loss.ranking}+{loss.contrastive}"
+    if loss.weighting != "fixed":
+        label += f"({loss.weighting})"
+    fixed = set(searchable_parameters(loss)) | {"lambda_"}
+    settings = {k: v for k, v in loss.model_dump(exclude_defaults=True).items()
+                if k not in fixed and k not in ("ranking", "contrastive", "weighting")}
+    if settings:  # two readings of one loss are two systems
+        label += "[" + ",".join(f"{k}={v}" for k, v in sorted(settings.items())) + "]"
+    return label
+
+
+def axes(spec: TrialSpec) -> dict[str, str]:
+    """A trial's grid coordinates (tags). A sweep's trial runs and their cell run carry the same
+    values: searched hyper-parameters (k_a, lambda, tau, ...) are params, never axes."""
+    return {
+        "model": spec.model.name,
+        "loss": loss_label(spec.loss),
+        "augmentation": spec.augmentation.method,
+        "size": str(spec.training_data.size),
+        "seed": str(spec.seed),
+        "collection": spec.data.collection,
+    }
+
+
+def flat_params(spec: TrialSpec) -> dict[str, str]:
+    """Every resolved field as ``section.key -> value`` (MLflow params)."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            out[prefix] = str(value)
+
+    walk("", spec.model_dump(mode="json", by_alias=True))
+    return out
+
+
+# LossSpec fields added after trials were first keyed, with the value that computes what
+# trials computed before the field existed. Such a field is left out of the key when the
+# chosen losses do not read it or when it has that value, so results tracked before it
+# existed keep their identity (and are reused); any other value is a new experiment.
+_LEGACY_LOSS_VALUES = {"scl_normalization": "per_anchor", "ctriplet_centroid": "inclusive", "tml_reduction": "all",
+                       "nca_scale": 1.0}
+
+
+def trial_key(spec: TrialSpec) -> str:
+    """Identity of a trial's result: everything that changes it (its name and resources do not).
+
+    A section or field at the value that reproduces earlier behaviour is left out when it
+    was added after trials were first keyed (``reranking``, the loss readings of
+    ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
+    tracked before it existed keep their identity. Augmented trials also key the sentence
+    splitter's version: a new splitter makes new training data.
+    """
+    from workloads.augmentation import SPLITTER_VERSION
+    from workloads.losses import loss_parameters
+
+    loss = spec.loss
+    active = set(loss_parameters(loss))
+    if loss.contrastive != "nca":  # nca_map's default was identity before NCA learned its map by default
+        spec = spec.model_copy(update={"loss": loss.model_copy(update={"nca_map": "identity"})})
+    exclude: dict = {"name": True, "resources": True}
+    if spec.reranking == RerankingSpec():
+        exclude["reranking"] = True
+    exclude["loss"] = {f for f, legacy in _LEGACY_LOSS_VALUES.items() if f not in active or getattr(loss, f) == legacy}
+    augmented = spec.augmentation.method != "none"
+    if not augmented or spec.augmentation.redraw == "once" or spec.optimization.epochs == 1:
+        exclude["augmentation"] = {"redraw"}  # one draw, as before per-epoch draws existed
+    payload = spec.model_dump_json(exclude=exclude)
+    return stable_key(payload, f"sentences-v{SPLITTER_VERSION}") if augmented else stable_key(payload)
