@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test
+.PHONY: install demo test test-fast lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,3 +22,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q
+
+test-fast: $(VENV)/.installed  # the inner loop: no Ray, Tune or end-to-end MLflow (about 2 minutes)
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .

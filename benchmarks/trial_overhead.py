@@ -2,7 +2,7 @@
 
 The same trial (MiniLM-L6 on a small SciFact slice by default) is trained twice in one
 run, side by side: once in this process with ``workloads.training.train_cross_encoder``
-(no Ray), once through ``orchestrator.execution.train_on_ray`` (a local Ray, a
+(no Ray), once through ``orchestrator.core.execution.train_on_ray`` (a local Ray, a
 ``TorchTrainer`` with one worker, checkpoints persisted by Ray). Data preparation is
 done before either and shared. Prints a table and writes JSON.
 
@@ -34,7 +34,7 @@ def main() -> int:
 
     import torch
 
-    from orchestrator.execution import init_ray, set_offline_environment, train_on_ray
+    from orchestrator.core.execution import init_ray, set_offline_environment, train_on_ray
     from workloads.spec import TrialSpec
     from workloads.training import train_cross_encoder
     from workloads.trial import prepare_trial

@@ -14,6 +14,10 @@ from pathlib import Path
 
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES
+from workloads.logs import LEVEL_ENV, get_logger
+from workloads.logs import configure as configure_logging
+
+log = get_logger("orchestrate")
 
 EXIT_INPUT_ERROR = 2
 
@@ -62,7 +66,7 @@ def cmd_bm25(args: argparse.Namespace) -> int:
 
 
 def _selected_trials(args: argparse.Namespace):
-    from orchestrator.config import load_trials
+    from orchestrator.core.config import load_trials
     from workloads.spec import TrialSpec
 
     experiment, specs = load_trials(Path(args.config), TrialSpec)
@@ -75,57 +79,53 @@ def _selected_trials(args: argparse.Namespace):
     return experiment, specs
 
 
-def _pick(metrics: dict[str, float], prefix: str) -> dict[str, float]:
-    """The evaluation measures logged under ``prefix`` (e.g. ``test_``), without the prefix."""
-    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix) and k.removeprefix(prefix) in MEASURES}
+def _ranking_json(ranking) -> dict:
+    out = {"bm25": ranking.first_stage, "model": ranking.model}
+    if ranking.weight is not None:  # the final ranking fuses BM25: the cross-encoder alone beside it
+        out["cross_encoder"] = ranking.cross_encoder
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.run_trial import TEST_CROSS_ENCODER_PREFIX, run_trial
-    from orchestrator.tracking import Tracker, resolve_tracking_uri
-    from workloads.training import CROSS_ENCODER_PREFIX
+    from orchestrator.core import schema
+    from orchestrator.core.lifecycle import run_trial
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
 
     experiment, specs = _selected_trials(args)
     tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
     storage = Path(args.storage).resolve()
     results = []
     for spec in specs:
-        report = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force, experiment=experiment)
-        m = report.metrics
+        result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force, experiment=experiment)
+        test = result.tests[schema.TEST]
         results.append({
-            "trial": spec.name, "mlflow_run_id": report.run_id, "reused": report.reused, "best_epoch": report.best_epoch,
-            "axes": spec.axes(),
-            "validation": {"bm25": _pick(m, "bm25_val_"), "model": _pick(m, "best_val_")},
-            "test": {"bm25": _pick(m, "bm25_test_"), "model": _pick(m, "test_")},
-            "timings": {k.removeprefix("time_"): v for k, v in m.items() if k.startswith("time_")},
+            "trial": spec.name, "mlflow_run_id": result.run_id, "reused": result.reused, "best_epoch": result.best_epoch,
+            "axes": schema.axes(spec), "validation": _ranking_json(result.validation), "test": _ranking_json(test),
+            "timings": {k.removeprefix("time_"): v for k, v in result.timings.items()},
+            **({"interpolation_weight": test.weight} if test.weight is not None else {}),
         })
-        if "interpolation_weight" in m:  # the final ranking fuses BM25; show the cross-encoder alone too
-            results[-1]["interpolation_weight"] = m["interpolation_weight"]
-            results[-1]["validation"]["cross_encoder"] = _pick(m, f"best_{CROSS_ENCODER_PREFIX}")
-            results[-1]["test"]["cross_encoder"] = _pick(m, TEST_CROSS_ENCODER_PREFIX)
         if not args.json:
             r = results[-1]
-            emit(f"trial {spec.name}: MLflow run {report.run_id} in experiment '{experiment}' ({tracker.uri})"
-                  f"{' [reused]' if report.reused else ''}")
-            fused = "interpolation_weight" in r
-            model_label = f"model (w = {r['interpolation_weight']:.2f})" if fused else "model"
-            rows = [("validation  BM25", r["validation"]["bm25"]),
-                    (f"validation  {model_label}", r["validation"]["model"])]
+            emit(f"trial {spec.name}: MLflow run {result.run_id} in experiment '{experiment}' ({tracker.uri})"
+                 f"{' [reused]' if result.reused else ''}")
+            fused = test.weight is not None
+            model_label = f"model (w = {test.weight:.2f})" if fused else "model"
+            rows = [("validation  BM25", r["validation"]["bm25"]), (f"validation  {model_label}", r["validation"]["model"])]
             rows += [("validation  cross-encoder", r["validation"]["cross_encoder"])] if fused else []
             rows += [("test        BM25", r["test"]["bm25"]), (f"test        {model_label}", r["test"]["model"])]
             rows += [("test        cross-encoder", r["test"]["cross_encoder"])] if fused else []
             how = "tuned on validation" if spec.reranking.interpolation == "tuned" else "fixed"
-            emit(f"best epoch {report.best_epoch}" + (
+            emit(f"chosen epoch {result.best_epoch}" + (
                 f"; model = w * cross-encoder + (1 - w) * BM25 (per-query min-max), w {how}" if fused else ""))
             emit(_metrics_table(rows))
-            if "time_train_seconds_per_epoch" in m:
-                emit(f"training {m['time_train_seconds_per_epoch']:.0f}s/epoch, trial {m['time_trial_seconds']:.0f}s\n")
+            if schema.TIME_PER_EPOCH in result.timings:
+                emit(f"training {result.timings[schema.TIME_PER_EPOCH]:.0f}s/epoch, trial {result.timings[schema.TIME_TRIAL]:.0f}s\n")
     if args.json:
         emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if len(results) > 1
-                         else {"experiment": experiment, "tracking_uri": tracker.uri, **results[0]}, indent=2))
+                        else {"experiment": experiment, "tracking_uri": tracker.uri, **results[0]}, indent=2))
     elif len(results) > 1:
         emit(_metrics_table([("test BM25", results[0]["test"]["bm25"])]
-                             + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
+                            + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
     return 0
 
 
@@ -161,22 +161,9 @@ def cmd_augment(args: argparse.Namespace) -> int:
 
 
 def _load_sweep(path: str):
-    from pydantic import ValidationError
+    from orchestrator.sweep.grid import load_sweep
 
-    from orchestrator.config import read_yaml, validate
-    from orchestrator.sweep_spec import SweepSpec, expand_grid
-
-    data, lines = read_yaml(Path(path))
-    sweep = validate(data, SweepSpec, Path(path), lines)
-    try:
-        expand_grid(sweep)  # every cell's trial spec must validate: the base is checked here
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(first["loc"])
-        line = next((lines[("base",) + loc[:n]] for n in range(len(loc), -1, -1) if ("base",) + loc[:n] in lines), None)
-        where = f"{path}:{line}" if line else path
-        raise InputError(where, f"base.{'.'.join(map(str, loc))}: {first['msg'].removeprefix('Value error, ')}") from None
-    return sweep
+    return load_sweep(Path(path))
 
 
 def _print_plan(report: dict) -> None:
@@ -198,8 +185,8 @@ def _print_plan(report: dict) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import dry_run_report, run_sweep, sweep_paths
-    from orchestrator.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.sweep.runner import dry_run_report, run_sweep, sweep_paths
 
     sweep = _load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
@@ -207,8 +194,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         report = dry_run_report(sweep, paths)
     else:
         tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
-        report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address,
-                           fail_cells=set(args.fail_cell or ()))
+        report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose)
     if args.json:
         emit(json.dumps(report, indent=2))
     else:
@@ -217,8 +203,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator.sweep import sweep_status
-    from orchestrator.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.sweep.runner import sweep_status
 
     sweep = _load_sweep(args.config)
     status = sweep_status(sweep, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.storage))
@@ -239,10 +225,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.report import ReportRequest, build_report, parse_select
-    from orchestrator.results import metric_key
-    from orchestrator.tables import TableOptions
-    from orchestrator.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.report.build import ReportRequest, build_report, parse_select
+    from orchestrator.report.results import metric_key
+    from orchestrator.report.tables import TableOptions
 
     sweeps = [_load_sweep(path) for path in args.sweeps]
     options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits)
@@ -251,31 +237,34 @@ def cmd_report(args: argparse.Namespace) -> int:
                             transfer=args.transfer, select=parse_select(args.select), plots=not args.no_plots)
     output = build_report(sweeps, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.out), request)
     emit(output.text)
-    print("written: " + ", ".join(str(p) for p in output.files), file=sys.stderr)
+    log.info("written: %s", ", ".join(str(p) for p in output.files))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from orchestrator.compare import compare_runs, format_comparison
-    from orchestrator.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.report.compare import compare_runs, format_comparison
 
-    result = compare_runs(Tracker(resolve_tracking_uri(args.tracking_uri)), args.run_a, args.run_b,
+    result = compare_runs(Tracker(resolve_tracking_uri(args.tracking_uri)), args.run_a, args.run_b or f"{args.run_a}:bm25",
                           collection=args.collection, test=args.test, top=args.top)
     emit(json.dumps(result, indent=2) if args.json else format_comparison(result))
     return 0
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    import os
     import subprocess
 
-    from orchestrator.tracking import resolve_tracking_uri
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
 
     if args.host != "127.0.0.1" and not args.expose:
         raise InputError("--host", f"binding to {args.host} exposes the MLflow UI beyond this machine: add --expose to confirm")
     uri = resolve_tracking_uri(args.tracking_uri)
+    tracker = Tracker(uri)
+    for experiment in tracker.client.search_experiments():  # stores written before experiments were marked
+        if experiment.name != "Default":
+            tracker.experiment_id(experiment.name)  # opens on the runs table, not on a GenAI traces overview
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    print(f"MLflow UI for {uri} on http://{args.host}:{args.port}", file=sys.stderr)
+    log.info("MLflow UI for %s on http://%s:%s", uri, args.host, args.port)
     return subprocess.call([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
                             "--host", args.host, "--port", str(args.port), "--workers", "1"], env=env)
 
@@ -283,8 +272,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrate", description="rerank-lab: neural re-ranking experiments")
     sub = parser.add_subparsers(dest="command", required=True)
+    # Options every command takes (after the command name).
+    common = argparse.ArgumentParser(add_help=False)
+    verbosity = common.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true",
+                           help="debug messages, and Ray's and Tune's own output on the terminal")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
 
-    bm25 = sub.add_parser("bm25", help="BM25 first stage (Pyserini) on a collection split, with its metrics")
+    bm25 = sub.add_parser("bm25", help="BM25 first stage (Pyserini) on a collection split, with its metrics", parents=[common])
     bm25.add_argument("--dataset", required=True, help="beir/<name>, a directory, or an ir_datasets id")
     bm25.add_argument("--split", default="test")
     bm25.add_argument("--k", type=int, default=1000, help="hits per query (default 1000)")
@@ -293,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     bm25.add_argument("--json", action="store_true", help="machine-readable output")
     bm25.set_defaults(func=cmd_bm25)
 
-    run = sub.add_parser("run", help="run the trials of a file (train, validate, test), each tracked in MLflow")
+    run = sub.add_parser("run", help="run the trials of a file (train, validate, test), each tracked in MLflow", parents=[common])
     run.add_argument("config", help="trial YAML, e.g. search_spaces/trial-scifact.yaml or rq1-scifact.yaml")
     run.add_argument("--trial", help="run only this trial of a multi-trial file")
     run.add_argument("--json", action="store_true", help="machine-readable output")
@@ -303,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="rerun even if a finished run of this trial exists")
     run.set_defaults(func=cmd_run)
 
-    augment = sub.add_parser("augment", help="build (or reuse) a trial's augmentations and show examples")
+    augment = sub.add_parser("augment", help="build (or reuse) a trial's augmentations and show examples", parents=[common])
     augment.add_argument("config", help="trial YAML with augmentation")
     augment.add_argument("--trial", help="only this trial of a multi-trial file")
     augment.add_argument("--show", type=int, default=3, help="examples to print (default 3)")
@@ -311,27 +306,26 @@ def build_parser() -> argparse.ArgumentParser:
     augment.add_argument("--width", type=int, default=120, help="output width")
     augment.set_defaults(func=cmd_augment)
 
-    sweep = sub.add_parser("sweep", help="run (or resume) a sweep: the grid x Optuna x Ray Tune x MLflow")
+    sweep = sub.add_parser("sweep", help="run (or resume) a sweep: the grid x Optuna x Ray Tune x MLflow", parents=[common])
     sweep.add_argument("config", help="sweep YAML, e.g. search_spaces/demo.yaml")
     sweep.add_argument("--dry-run", action="store_true", help="print the cells, trial and run counts, what is done; run nothing")
     sweep.add_argument("--json", action="store_true")
     sweep.add_argument("--tracking-uri")
     sweep.add_argument("--storage", default=".orchestrate/sweeps", help="sweep storage: Optuna studies, Ray checkpoints")
     sweep.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
-    sweep.add_argument("--fail-cell", action="append", help=argparse.SUPPRESS)  # test hook: trials of this cell raise
     sweep.set_defaults(func=cmd_sweep)
 
-    status = sub.add_parser("status", help="a sweep's progress: cells done/running/failed, best so far, ETA")
+    status = sub.add_parser("status", help="a sweep's progress: cells done/running/failed, best so far, ETA", parents=[common])
     status.add_argument("config", help="the sweep YAML")
     status.add_argument("--json", action="store_true")
     status.add_argument("--tracking-uri")
     status.add_argument("--storage", default=".orchestrate/sweeps")
     status.set_defaults(func=cmd_status)
 
-    from orchestrator.tables import RENDERERS
+    from orchestrator.report.tables import RENDERERS
     from workloads.significance import CORRECTIONS, PAIRED_TESTS
 
-    report = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps")
+    report = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps", parents=[common])
     report.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep YAML(s); several for --transfer")
     report.add_argument("--metric", default="ndcg@10", help="nDCG@10 (default), nDCG@20, RR@10, RR@100, AP, MAP@20, P@1")
     report.add_argument("--rows", default="model,size", help="row axes (default model,size)")
@@ -344,16 +338,18 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--digits", type=int, default=4)
     report.add_argument("--zero-shot", action="store_true", help="also the zero-shot table (collections x models, AUG Table 4)")
     report.add_argument("--transfer", action="store_true", help="also the transfer matrix (train x test collection) of the sweeps")
-    report.add_argument("--select", help="the system of the zero-shot and transfer tables, e.g. loss=pointwise+scl,augmentation=bm25,size=1000 "
+    report.add_argument("--select", help="the system of the zero-shot and transfer tables, e.g. "
+                                         "loss=pointwise+scl,augmentation=bm25,size=1000 "
                                          "(default: best validation nDCG@10 at the largest size)")
     report.add_argument("--out", default=".orchestrate/reports", help="directory for tables and figures (default .orchestrate/reports)")
     report.add_argument("--no-plots", action="store_true")
     report.add_argument("--tracking-uri")
     report.set_defaults(func=cmd_report)
 
-    compare = sub.add_parser("compare", help="two MLflow runs (cells or tested trials): measures, p-values, most changed queries")
-    compare.add_argument("run_a", metavar="RUN_A")
-    compare.add_argument("run_b", metavar="RUN_B")
+    compare = sub.add_parser("compare", help="two MLflow runs (cells or tested trials), or a run and its BM25: measures, "
+                                              "p-values, most changed queries", parents=[common])
+    compare.add_argument("run_a", metavar="RUN_A", help="an MLflow run id (RUN:bm25 is that run's first stage)")
+    compare.add_argument("run_b", metavar="RUN_B", nargs="?", help="another run id, or RUN:bm25 (default: RUN_A's own BM25)")
     compare.add_argument("--collection", help="test (default) or a zero-shot collection name")
     compare.add_argument("--test", default="t", choices=list(PAIRED_TESTS))
     compare.add_argument("--top", type=int, default=10, help="queries shown (default 10)")
@@ -361,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--tracking-uri")
     compare.set_defaults(func=cmd_compare)
 
-    ui = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose)")
+    ui = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose)", parents=[common])
     ui.add_argument("--tracking-uri")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=5000)
@@ -371,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.execution import set_offline_environment
+    from orchestrator.core.execution import set_offline_environment
 
     global _result_stream
     set_offline_environment()
@@ -383,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     _result_stream = os.fdopen(os.dup(1), "w", buffering=1, encoding=sys.stdout.encoding)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    level = "DEBUG" if args.verbose else "WARNING" if args.quiet else "INFO"
+    os.environ[LEVEL_ENV] = level  # Ray workers log at the driver's level
+    configure_logging(level)
     try:
         return args.func(args)
     except InputError as exc:

@@ -1,7 +1,13 @@
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from tests.helpers import held_out_scifact, orchestrate, sweep_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
@@ -45,3 +51,72 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture()
+def project_log(caplog):
+    """The project's log records (``rerank_lab.*``) of the test, at INFO, whatever configured logging before."""
+    import logging
+
+    logger = logging.getLogger("rerank_lab")
+    level = logger.level
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.INFO)
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)
+
+
+# ----------------------------------------------------------------------------- end to end (slow)
+# Session-scoped: a tiny `orchestrate run` and a tiny sweep, shared by the tests that read them
+# (tests/core/test_trial_ray.py, tests/sweep/test_sweep.py, tests/core/test_one_vocabulary.py).
+
+
+@pytest.fixture(scope="session")
+def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
+    work = tmp_path_factory.mktemp("sweep")
+    spec = sweep_yaml(work / "tiny.yaml", tiny_model_dir, "tiny-fail",
+                      [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}],
+                      interpolation="tuned", test_collection=str(held_out_scifact(work, scifact_dir)))
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    common = ["--storage", str(work / "store"), "--tracking-uri", uri]
+    plan = json.loads(orchestrate(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
+    failing = next(c["key"] for c in plan["cells_detail"] if c["loss"] == "pointwise+ctriplet")
+    first = orchestrate(work, "sweep", str(spec), "--json", *common, fail_cells=(failing,))
+    assert first.returncode == 0, first.stderr[-3000:]
+    (work / "first.err").write_text(first.stderr)
+    return work, spec, uri, common, failing, plan, json.loads(first.stdout)
+
+
+@pytest.fixture(scope="session")
+def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
+    work = tmp_path_factory.mktemp("trial")
+    config = {
+        "name": "tiny-scifact",
+        "data": {"collection": "beir/scifact", "validation_queries": 10},
+        "first_stage": {"train_depth": 20, "validation_depth": 10, "test_depth": 5},
+        "training_data": {"size": 64, "seed": 3},
+        "reranking": {"interpolation": "tuned"},
+        "model": {"name": str(tiny_model_dir), "max_length": 128},
+        "optimization": {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3},
+        "resources": {"workers": 2, "cpus_per_worker": 1},
+    }
+    path = work / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+
+    def orchestrate(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--json", "--tracking-uri", uri,
+             "--storage", str(work / "ray"), *extra],
+            capture_output=True, text=True, cwd=work, env=dict(os.environ), timeout=900,
+        )
+
+    first = orchestrate()
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = orchestrate()
+    assert second.returncode == 0, second.stderr[-3000:]
+    (work / "first.stderr").write_text(first.stderr)
+    return work, uri, json.loads(first.stdout), json.loads(second.stdout)
+
+

@@ -20,7 +20,7 @@ class PairStructure:
     augmented: torch.Tensor   # bool: produced by an augmenter
     source: torch.Tensor      # long: index of the original pair an augmented pair was made from, else -1
 
-    def to(self, device: torch.device) -> "PairStructure":
+    def to(self, device: torch.device) -> PairStructure:
         return PairStructure(*(t.to(device) for t in (self.labels, self.query_ids, self.triple_ids, self.augmented, self.source)))
 
     def __len__(self) -> int:

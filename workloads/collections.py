@@ -28,10 +28,11 @@ import gzip
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from workloads.errors import InputError
 from workloads.paths import data_dir
@@ -288,15 +289,30 @@ class _IrdsDocs(Mapping[str, Document]):
         return _irds_document(doc)
 
     def __iter__(self) -> Iterator[str]:
-        for doc in _irds_call(self._ref, self._dataset.docs_iter):
+        for doc in _guarded_iter(self._ref, self._dataset.docs_iter):
             yield doc.doc_id
 
     def __len__(self) -> int:
         return _irds_call(self._ref, self._dataset.docs_count)
 
     def values(self):  # type: ignore[override]  # stream documents, not lookups by id
-        for doc in _irds_call(self._ref, self._dataset.docs_iter):
+        for doc in _guarded_iter(self._ref, self._dataset.docs_iter):
             yield _irds_document(doc)
+
+
+def _guarded_iter(ref: str, make: Callable[[], Iterator]) -> Iterator:
+    """Stream from ir_datasets (a corpus does not fit in memory), its errors as one clear line."""
+    try:
+        with _quiet_ir_datasets():
+            iterator = iter(make())
+            first = next(iterator, None)  # a missing corpus downloads here, before anything is yielded
+        if first is not None:
+            yield first
+        yield from iterator
+    except InputError:
+        raise
+    except Exception as exc:
+        raise _offline_error(ref, exc) from None
 
 
 def _irds_document(doc) -> Document:
@@ -304,17 +320,37 @@ def _irds_document(doc) -> Document:
     return Document(doc.doc_id, getattr(doc, "title", "") or "", text)
 
 
-def _irds_call(ref: str, fn: Callable, *args):
+def _offline_error(ref: str, exc: BaseException) -> InputError:
+    """One line for a dataset that is neither local nor downloadable here (offline, or a failed download)."""
+    detail = (str(exc).strip().splitlines() or [""])[0][:160]
+    local = ref.removeprefix("beir/")
+    return InputError(ref, f"not found locally and ir_datasets could not download it ({type(exc).__name__}: {detail}); "
+                           f"offline, point $ORCHESTRATE_DATA_DIR at a directory holding '{local}/' (BEIR layout: "
+                           "corpus.jsonl, queries.jsonl, qrels/<split>.tsv; or TREC topics and qrels)")
+
+
+@contextmanager
+def _quiet_ir_datasets() -> Iterator[None]:
+    """ir_datasets logs every download attempt and retry on loggers of its own; on failure our
+    one-line error says it all, so its INFO and WARNING lines are held back meanwhile."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
-        return fn(*args)
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _irds_call(ref: str, fn: Callable, *args):
+    """Call into ir_datasets; anything it raises (offline downloads raise many kinds) is one clear line."""
+    try:
+        with _quiet_ir_datasets():
+            result = fn(*args)
+            return list(result) if isinstance(result, Iterator) else result
     except InputError:
         raise
-    except Exception as exc:  # ir_datasets raises many kinds when offline
-        raise InputError(
-            f"ir_datasets:{ref}",
-            f"could not load or download ({type(exc).__name__}: {exc}); offline machines need a local "
-            f"copy under ${'ORCHESTRATE_DATA_DIR'}",
-        ) from None
+    except Exception as exc:
+        raise _offline_error(ref, exc) from None
 
 
 def load_ir_datasets(ref: str) -> Collection:
@@ -342,6 +378,7 @@ def load_ir_datasets(ref: str) -> Collection:
     queries: dict[str, str] = {}
     qrels: dict[str, Qrels] = {}
     for split, subset in subsets.items():
+        # materialised inside the guard: a download happens while iterating, not when asked
         for query in _irds_call(ref, subset.queries_iter):
             queries[query.query_id] = getattr(query, "text", None) or getattr(query, "title", "")
         split_qrels: Qrels = {}
@@ -349,6 +386,7 @@ def load_ir_datasets(ref: str) -> Collection:
             split_qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
         qrels[split] = split_qrels
     corpus = _IrdsDocs(dataset, ref) if dataset.has_docs() else None
+    # The guess when nothing states it (see the module docstring): TREC-DL counts grades >= 2.
     relevance_level = 2 if "trec-dl" in ref else 1
     return Collection(name=ref, corpus=corpus, queries=queries, qrels=qrels, relevance_level=relevance_level)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 DATA_DIR_ENV = "ORCHESTRATE_DATA_DIR"
 CACHE_DIR_ENV = "ORCHESTRATE_CACHE_DIR"

@@ -13,7 +13,6 @@ weight.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from workloads.collections import Qrels
 from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
+from workloads.logs import get_logger
 from workloads.models.cross_encoder import CrossEncoder, score_pairs
 
 Run = dict[str, dict[str, float]]
@@ -31,7 +31,8 @@ WEIGHT_GRID = tuple(i / 20 for i in range(21))  # 0.00, 0.05, ..., 1.00
 
 
 def rerank_candidates(
-    model: CrossEncoder, candidates: Path, batch_size: int = 64, device: torch.device | None = None, label: str = "rerank"
+    model: CrossEncoder, candidates: Path, batch_size: int = 64, device: torch.device | None = None, label: str = "rerank",
+    precision: str = "auto",
 ) -> Run:
     """Score every (query, candidate) of a candidates Parquet file; returns the re-ranked run."""
     table = pq.read_table(candidates).to_pydict()
@@ -43,9 +44,10 @@ def rerank_candidates(
         if now - last_print[0] >= 30 or done == total:
             last_print[0] = now
             rate = done / max(now - started, 1e-9)
-            print(f"[{label}] {done:,}/{total:,} pairs ({rate:.1f} pairs/s)", file=sys.stderr, flush=True)
+            get_logger("score").info(f"{label}: {done:,}/{total:,} pairs ({rate:.1f} pairs/s)")
 
-    scores = score_pairs(model, table["query"], table["doc"], batch_size=batch_size, device=device, progress=progress)
+    scores = score_pairs(model, table["query"], table["doc"], batch_size=batch_size, device=device, progress=progress,
+                         precision=precision)
     run: Run = {}
     for qid, docid, score in zip(table["query_id"], table["doc_id"], scores):
         run.setdefault(qid, {})[docid] = score
@@ -124,11 +126,12 @@ class Reranking:
 def rerank_and_evaluate(
     model: CrossEncoder, candidates: Path, first_stage: Run, qrels: Qrels, relevance_level: int,
     batch_size: int = 64, device: torch.device | None = None, label: str = "rerank",
-    interpolation: float | str = "none",
+    interpolation: float | str = "none", precision: str = "auto",
 ) -> Reranking:
     """Re-rank and evaluate; ``interpolation`` is "none", "tuned" (choose w on these queries:
-    validation only) or a fixed weight w in [0, 1]."""
-    reranked = rerank_candidates(model, candidates, batch_size, device, label)
+    validation only) or a fixed weight w in [0, 1]; ``precision`` the trial's (scoring uses
+    the same autocast as training)."""
+    reranked = rerank_candidates(model, candidates, batch_size, device, label, precision)
     plain = merge_with_first_stage(reranked, first_stage)
     if interpolation == "none":
         return Reranking(evaluate(plain, qrels, relevance_level), plain)

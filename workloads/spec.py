@@ -1,6 +1,6 @@
 """The typed trial spec: what the orchestrator hands a workload.
 
-Validated at the edge (``orchestrator.config`` loads YAML into these models); inside the
+Validated at the edge (``orchestrator.core.config`` loads YAML into these models); inside the
 data plane every field is already checked. Unknown keys are errors, not ignored.
 """
 
@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from workloads.augmentation.scorers import SCORERS
 from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, loss_parameters
 
 FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
@@ -30,7 +31,7 @@ class DataSpec(_Strict):
     test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
 
     @model_validator(mode="after")
-    def _splits_apart(self) -> "DataSpec":
+    def _splits_apart(self) -> DataSpec:
         """Training or choosing on the test split would report a number measured on seen data."""
         if self.validation_split is not None and self.validation_split == self.train_split:
             raise ValueError(f"validation_split and train_split are both '{self.train_split}': validation must be held out "
@@ -122,7 +123,7 @@ class LossSpec(_Strict):
     dwa_period: int = Field(default=100, ge=1, description="F of dynamic weighted aggregation, in steps")
 
     @model_validator(mode="after")
-    def _coherent(self) -> "LossSpec":
+    def _coherent(self) -> LossSpec:
         if self.weighting != "fixed" and self.contrastive == "none":
             raise ValueError(f"weighting '{self.weighting}' combines two losses: set a contrastive loss")
         allowed = set(loss_parameters(self))
@@ -140,10 +141,13 @@ class LossSpec(_Strict):
 LOSS_HYPERPARAMETERS = tuple(f for f in LossSpec.model_fields if f not in ("ranking", "contrastive", "weighting"))
 
 
+AugmentationMethod = Literal[("none", *SCORERS)]  # type: ignore[valid-type]  # the scorer registry's names
+
+
 class AugmentationSpec(_Strict):
     """AUG Algorithm 1: each (q, d+, d-) gains (q, d+_a, d-_a); the batch doubles."""
 
-    method: Literal["none", "random", "bm25", "glove"] = "none"
+    method: AugmentationMethod = "none"
     k: int = Field(default=3, ge=1, description="k_a: sentences kept from d+, ordered by score")
     seed: int = 13
     glove_path: str | None = Field(
@@ -154,7 +158,7 @@ class AugmentationSpec(_Strict):
                     "draws per batch); once: one draw for all epochs")
 
     @model_validator(mode="after")
-    def _glove_needs_vectors(self) -> "AugmentationSpec":
+    def _glove_needs_vectors(self) -> AugmentationSpec:
         if self.method == "glove" and not self.glove_path:
             raise ValueError("method 'glove' needs glove_path (e.g. glove/glove.6B.50d.top100k.txt.gz)")
         if self.method != "glove" and self.glove_path:
@@ -203,32 +207,7 @@ class TrialSpec(_Strict):
     resources: ResourcesSpec = ResourcesSpec()
 
     @model_validator(mode="after")
-    def _augmentation_where_needed(self) -> "TrialSpec":
+    def _augmentation_where_needed(self) -> TrialSpec:
         if self.loss.contrastive == "infonce" and self.augmentation.method == "none":
             raise ValueError("contrastive 'infonce' contrasts a relevant pair with its augmented view: set augmentation.method")
         return self
-
-    def axes(self) -> dict[str, str]:
-        """The grid coordinates of this trial (MLflow tags)."""
-        return {
-            "model": self.model.name,
-            "loss": self.loss.ranking if self.loss.contrastive == "none" else f"{self.loss.ranking}+{self.loss.contrastive}",
-            "augmentation": self.augmentation.method if self.augmentation.method == "none" else f"{self.augmentation.method}-k{self.augmentation.k}",
-            "size": str(self.training_data.size),
-            "seed": str(self.seed),
-            "collection": self.data.collection,
-        }
-
-    def flat_params(self) -> dict[str, str]:
-        """Every resolved field as ``section.key -> value`` (MLflow params)."""
-        out: dict[str, str] = {}
-
-        def walk(prefix: str, value) -> None:
-            if isinstance(value, dict):
-                for key, inner in value.items():
-                    walk(f"{prefix}.{key}" if prefix else key, inner)
-            else:
-                out[prefix] = str(value)
-
-        walk("", self.model_dump(mode="json", by_alias=True))
-        return out

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pyarrow.parquet as pq
 import torch
@@ -25,15 +24,23 @@ import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
 from workloads.batches import PairStructure, triples_to_batch
-from workloads.retrieval.bm25 import read_trec_run
 from workloads.evaluation import PRIMARY_METRIC
-from workloads.losses import ModelOutputs, PairLoss, RankingWithContrastive, build_loss
+from workloads.logs import get_logger, progress_bar
+from workloads.losses import ModelOutputs, PairLoss, build_loss
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype
 from workloads.reranking import Reranking, rerank_and_evaluate
+from workloads.retrieval.bm25 import read_trec_run
 from workloads.spec import TrialSpec
 
 STATE_FILE = "training_state.pt"
 PROGRESS_FILE = "progress.json"
+
+# What the loop reports per epoch: "epoch", "degenerate_batches", and names with these
+# prefixes: val_* (the validation ranking; val_cross_encoder_* the cross-encoder alone and
+# val_interpolation_weight the tuned weight when interpolating), train_* (losses) and
+# epoch_* (seconds).
+EPOCH_METRICS = ("epoch", "degenerate_batches")
+EPOCH_METRIC_PREFIXES = ("val_", "train_", "epoch_")
 CROSS_ENCODER_PREFIX = "val_cross_encoder_"  # the cross-encoder alone, logged when interpolating
 WEIGHT_METRIC = "val_interpolation_weight"  # the weight tuned on validation at that epoch
 
@@ -91,8 +98,8 @@ def _rank_and_world() -> tuple[int, int]:
 
 
 def _log(rank: int, message: str) -> None:
-    if rank == 0:
-        print(f"[train] {message}", file=sys.stderr, flush=True)
+    if rank == 0:  # one worker speaks for the data-parallel group
+        get_logger("train").info(message)
 
 
 def seed_everything(seed: int) -> None:
@@ -211,33 +218,32 @@ def train_cross_encoder(
         my_batches = [order[b * triples_per_batch:(b + 1) * triples_per_batch] for b in range(rank, steps_per_rank * world, world)]
         started = time.perf_counter()
         total_loss = 0.0
-        parts = {"ranking": 0.0, "contrastive": 0.0}
+        parts: dict[str, float] = {}
         for step, batch_rows in enumerate(my_batches, 1):
             batch = triples_to_batch([rows[i] for i in batch_rows])
             pairs = model.encode(batch.queries, batch.documents).to(device)
             loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
                                      batch.structure.to(device), opt.max_grad_norm)
             total_loss += float(loss)
-            if isinstance(loss_fn, RankingWithContrastive):
-                for name, value in loss_fn.last_parts.items():
-                    parts[name] += value
+            for name, value in loss_fn.last_parts.items():
+                parts[name] = parts.get(name, 0.0) + value
             if step % max(1, len(my_batches) // 10) == 0 or step == len(my_batches):
                 rate = step * opt.batch_size / (time.perf_counter() - started)
-                _log(rank, f"epoch {epoch} step {step}/{len(my_batches)} loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
+                _log(rank, f"epoch {epoch}/{opt.epochs} {progress_bar(step, len(my_batches))} step {step}/{len(my_batches)} "
+                           f"loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
         train_seconds = time.perf_counter() - started
 
         metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / len(my_batches),
                                      "epoch_train_seconds": train_seconds,
                                      "degenerate_batches": float(loss_fn.degenerate_batches)}
-        if isinstance(loss_fn, RankingWithContrastive):
-            metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
+        metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
         checkpoint: Path | None = None
         if rank == 0:
             eval_started = time.perf_counter()
             validation = rerank_and_evaluate(
                 model, Path(inputs.validation_candidates), validation_run, inputs.validation_qrels,
                 inputs.relevance_level, opt.eval_batch_size, device, label=f"validate epoch {epoch}",
-                interpolation=spec.reranking.interpolation,
+                interpolation=spec.reranking.interpolation, precision=opt.precision,
             )
             metrics.update(validation_metrics(validation))
             metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started

@@ -11,7 +11,6 @@ that asks for the same (collection, split, queries, k, size, seed).
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 
 from workloads.collections import Collection, Qrels
 from workloads.errors import InputError
+from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
 
 Run = dict[str, dict[str, float]]
@@ -120,8 +120,7 @@ def build_training_set(
     chosen = select_size(triples, size, f"{collection.name} {split}")
     if path.exists():
         return path, stats
-    print(f"[data] training set: {len(chosen)} triples ({2 * len(chosen)} pairs) from {stats.triples} available -> {path}",
-          file=sys.stderr, flush=True)
+    get_logger("data").info(f"training set: {len(chosen)} triples ({2 * len(chosen)} pairs) from {stats.triples} available -> {path}")
     table = pa.Table.from_pylist(
         [
             {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,8 +20,8 @@ import torch
 from workloads.augmentation import build_augmentation_sets
 from workloads.collections import Collection, Qrels, resolve_collection
 from workloads.errors import InputError
-from workloads.evaluation import Evaluation, evaluate
-from workloads.models.cross_encoder import CrossEncoder
+from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
+from workloads.models.cross_encoder import CrossEncoder, require_model_available
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieve
 from workloads.spec import TrialSpec
@@ -63,6 +64,7 @@ def require_disjoint(collection: Collection, query_sets: dict[str, object]) -> N
 def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     """Everything a trial's workers read, computed once and cached by content."""
     fs = spec.first_stage
+    require_model_available(spec.model.name)  # before anything is computed or written
     collection = resolve_collection(spec.data.collection)
     train_queries = collection.split_queries(spec.data.train_split)
     if spec.data.validation_split:
@@ -125,6 +127,17 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     )
 
 
+SELECTION_METRIC = f"val_{PRIMARY_METRIC}"  # every epoch is chosen on validation nDCG@10, never on test
+
+
+def choose_epoch(epoch_metrics: Sequence[Mapping[str, float]]) -> int:
+    """The index of the chosen epoch: the best validation nDCG@10 (the fused ranking's when
+    interpolating); a tie keeps the earlier epoch. The one selection rule of every command."""
+    if not epoch_metrics:
+        raise ValueError("no epoch to choose from")
+    return max(range(len(epoch_metrics)), key=lambda i: (epoch_metrics[i][SELECTION_METRIC], -i))
+
+
 def final_interpolation(spec: TrialSpec, tuned_weight: float | None) -> float | str:
     """The interpolation the test ranking uses: none, the fixed weight, or ``tuned_weight``,
     the weight tuned on validation at the chosen epoch (never tuned on test)."""
@@ -149,7 +162,7 @@ def evaluate_checkpoint(
     return rerank_and_evaluate(
         model, Path(prepared.test_candidates), read_trec_run(Path(prepared.test_first_stage_run)),
         prepared.test_qrels, prepared.test_relevance_level, spec.optimization.eval_batch_size, device, label="test",
-        interpolation=interpolation)
+        interpolation=interpolation, precision=spec.optimization.precision)
 
 
 @dataclass
@@ -173,7 +186,7 @@ def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[Prepar
 
     started = time.perf_counter()
     train_cross_encoder(spec, prepared.training, keep)
-    best = max(records, key=lambda r: r.metrics["val_ndcg_at_10"])
+    best = records[choose_epoch([r.metrics for r in records])]
     tested = evaluate_checkpoint(best.checkpoint, prepared, spec, interpolation=final_interpolation(spec, best.metrics.get(WEIGHT_METRIC)))
     best.metrics["trial_seconds"] = time.perf_counter() - started
     return prepared, records, tested

@@ -22,19 +22,21 @@ stored as Parquet, row-aligned with the training set.
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, SentenceScorer, load_glove
+from workloads.augmentation.scorers import SCORERS, GloVeScorer, SentenceScorer, resolve_glove_path
 from workloads.augmentation.sentences import split_sentences
 from workloads.collections import Collection, Document
-from workloads.errors import InputError
-from workloads.paths import atomic_path, cache_dir, data_dir, stable_key
-from workloads.spec import AugmentationSpec
+from workloads.logs import get_logger
+from workloads.paths import atomic_path, cache_dir, stable_key
+
+if TYPE_CHECKING:  # the spec imports the scorer registry: no import cycle at run time
+    from workloads.spec import AugmentationSpec
 
 # 2: the title is a candidate sentence of its own (1 split the text only)
 SPLITTER_VERSION = 2
@@ -46,8 +48,7 @@ AUGMENTATION_SCHEMA = pa.schema([
 ])
 
 
-def _log(message: str) -> None:
-    print(f"[augment] {message}", file=sys.stderr, flush=True)
+_log = get_logger("augment").info
 
 
 def document_sentences(document: Document) -> list[str]:
@@ -76,23 +77,10 @@ def select_sentences(scores: list[float], sentences: list[str], k: int) -> list[
     return [sentences[i] for i in order[:k]]
 
 
-def resolve_glove_path(glove_path: str) -> Path:
-    path = Path(glove_path).expanduser()
-    if not path.is_absolute() and not path.exists() and data_dir() is not None:
-        path = data_dir() / path
-    if not path.exists():
-        raise InputError(glove_path, "GloVe file not found (relative paths resolve against $ORCHESTRATE_DATA_DIR)")
-    return path
-
-
 def build_scorer(spec: AugmentationSpec, sentences: dict[str, list[str]]) -> SentenceScorer:
-    if spec.method == "random":
-        return RandomScorer()
-    if spec.method == "bm25":
-        return BM25SentenceScorer(sentences.values())
-    if spec.method == "glove":
-        return GloVeScorer(*load_glove(resolve_glove_path(spec.glove_path)))
-    raise ValueError(f"no scorer for augmentation method '{spec.method}'")
+    if spec.method not in SCORERS:
+        raise ValueError(f"no scorer for augmentation method '{spec.method}' (known: {', '.join(SCORERS)})")
+    return SCORERS[spec.method].build(spec, sentences)
 
 
 def augmentation_epochs(spec: AugmentationSpec, epochs: int) -> int:

@@ -8,6 +8,9 @@
 - ``glove`` (AUG eq. 7): the dot product of the mean GloVe vectors of q and s. Words
   missing from the vocabulary are skipped; a text with no known word has no vector and its
   sentences score 0 (the scorer counts them in ``oov_texts``).
+
+``SCORERS`` is the registry: a new scorer is one class with ``name`` and ``build`` plus one
+entry; ``AugmentationSpec.method`` and the sweep grid's available methods read it.
 """
 
 from __future__ import annotations
@@ -16,23 +19,42 @@ import gzip
 import math
 import random
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from workloads.augmentation.text import tokenize
 from workloads.errors import InputError
+from workloads.paths import data_dir
 
 
 class SentenceScorer(Protocol):
     name: str
 
+    @classmethod
+    def build(cls, spec, sentences: dict[str, list[str]]) -> SentenceScorer:
+        """The scorer for an ``AugmentationSpec``, given every document's sentences."""
+
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]: ...
+
+
+def resolve_glove_path(glove_path: str) -> Path:
+    path = Path(glove_path).expanduser()
+    if not path.is_absolute() and not path.exists() and data_dir() is not None:
+        path = data_dir() / path
+    if not path.exists():
+        raise InputError(glove_path, "GloVe file not found (relative paths resolve against $ORCHESTRATE_DATA_DIR)")
+    return path
 
 
 class RandomScorer:
     name = "random"
+
+    @classmethod
+    def build(cls, spec, sentences: dict[str, list[str]]) -> RandomScorer:
+        return cls()
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
         return [rng.random() for _ in sentences]
@@ -62,12 +84,16 @@ class BM25SentenceScorer:
         self.mean_length = token_count / max(sentence_count, 1)
         self.k1, self.b = k1, b
 
+    @classmethod
+    def build(cls, spec, sentences: dict[str, list[str]]) -> BM25SentenceScorer:
+        return cls(sentences.values())
+
     def score(self, query_tokens: list[str], sentence: str) -> float:
         tokens = tokenize(sentence)
         tf = Counter(tokens)
         norm = self.k1 * (1 - self.b + self.b * len(tokens) / self.mean_length)
-        return sum(self.idf.get(w, self.default_idf) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
-                   for w in set(query_tokens) if w in tf)
+        return float(sum(self.idf.get(w, self.default_idf) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
+                         for w in set(query_tokens) if w in tf))
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
         query_tokens = tokenize(query)
@@ -106,6 +132,10 @@ class GloVeScorer:
         self.words, self.vectors = words, vectors
         self.oov_texts = 0
 
+    @classmethod
+    def build(cls, spec, sentences: dict[str, list[str]]) -> GloVeScorer:
+        return cls(*load_glove(resolve_glove_path(spec.glove_path)))
+
     def mean_vector(self, text: str) -> np.ndarray | None:
         rows = [self.words[t] for t in tokenize(text) if t in self.words]
         if not rows:
@@ -120,3 +150,7 @@ class GloVeScorer:
             s = self.mean_vector(sentence)
             out.append(0.0 if q is None or s is None else float(q @ s))
         return out
+
+
+SCORERS: dict[str, type] = {RandomScorer.name: RandomScorer, BM25SentenceScorer.name: BM25SentenceScorer,
+                            GloVeScorer.name: GloVeScorer}

@@ -41,6 +41,8 @@ class PairLoss(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.degenerate_batches = 0
+        # The named parts of the last value, for logging (a combined loss: ranking, contrastive).
+        self.last_parts: dict[str, float] = {}
 
     @property
     def config(self) -> dict[str, float | str]:

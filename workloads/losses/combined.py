@@ -27,7 +27,6 @@ class RankingWithContrastive(PairLoss):
         self.ranking, self.contrastive = ranking, contrastive
         self.weighting, self.lambda_, self.period = weighting, lambda_, period
         self.step = 0
-        self.last_parts: dict[str, float] = {}
 
     def get_extra_state(self) -> dict:
         return {"step": self.step}  # degenerate batches live in the two parts' own states

@@ -51,13 +51,36 @@ def resolve_model_name(name: str) -> str:
     return MODEL_ALIASES[name]() if name in MODEL_ALIASES else name
 
 
+def require_model_available(name: str) -> None:
+    """Fail now, with one line, for a model that cannot load here: a local path that does not
+    exist, or a Hugging Face id that is not in the local cache while downloads are off
+    (``HF_HUB_OFFLINE=1``, the command line's default). Called before a trial computes anything."""
+    import os
+
+    path = resolve_model_name(name)
+    if Path(path).expanduser().exists():
+        return
+    if path.startswith(("/", ".", "~")):
+        raise InputError(f"model.name {name}", "no such directory")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if not offline:
+        return  # transformers downloads it on first use
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(path, "config.json")
+    if not isinstance(cached, str):
+        raise InputError(f"model.name {name}", "not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1): "
+                                               "give a local model directory or an alias (minilm-l6), or download it first "
+                                               "on a connected machine (huggingface-cli download " + path + ")")
+
+
 @dataclass
 class EncodedPairs:
     """A tokenized batch of (query, document) pairs, padded to its longest member."""
 
     inputs: dict[str, torch.Tensor]
 
-    def to(self, device: torch.device) -> "EncodedPairs":
+    def to(self, device: torch.device) -> EncodedPairs:
         return EncodedPairs({k: v.to(device) for k, v in self.inputs.items()})
 
 
@@ -77,7 +100,7 @@ class CrossEncoder(nn.Module):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_pretrained(cls, name: str, max_length: int = 512, pooling: str = "cls") -> "CrossEncoder":
+    def from_pretrained(cls, name: str, max_length: int = 512, pooling: str = "cls") -> CrossEncoder:
         """Load a Hugging Face encoder (id, local path or alias) or one of our checkpoints."""
         path = resolve_model_name(name)
         try:
@@ -134,9 +157,10 @@ class CrossEncoder(nn.Module):
 @torch.no_grad()
 def score_pairs(
     model: CrossEncoder, queries: list[str], documents: list[str], batch_size: int = 64,
-    device: torch.device | None = None, progress: callable | None = None,
+    device: torch.device | None = None, progress: callable | None = None, precision: str = "auto",
 ) -> list[float]:
-    """Score pairs in length-sorted batches (less padding, same scores), in input order."""
+    """Score pairs in length-sorted batches (less padding, same scores), in input order, with
+    no gradient state, under ``precision``'s autocast (see :func:`autocast_dtype`)."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -145,7 +169,7 @@ def score_pairs(
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         pairs = model.encode([queries[i] for i in idx], [documents[i] for i in idx]).to(device)
-        with _autocast(device):
+        with _autocast(device, precision):
             batch_scores, _ = model(**pairs.inputs)
         for i, s in zip(idx, batch_scores.float().cpu().tolist()):
             scores[i] = s
@@ -164,6 +188,6 @@ def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-def _autocast(device: torch.device):
-    dtype = autocast_dtype(device)
+def _autocast(device: torch.device, precision: str = "auto"):
+    dtype = autocast_dtype(device, precision)
     return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)

@@ -16,13 +16,13 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from workloads.collections import Collection
 from workloads.errors import InputError
+from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
 
 Run = dict[str, dict[str, float]]  # query id -> doc id -> score
@@ -63,8 +63,7 @@ def _run_java(main_class: str, args: list[str], what: str) -> None:
         raise RuntimeError(f"Anserini {what} failed (exit {proc.returncode}): {' | '.join(tail)}")
 
 
-def _log(message: str) -> None:
-    print(f"[bm25] {message}", file=sys.stderr, flush=True)
+_log = get_logger("bm25").info
 
 
 def build_index(collection: Collection, threads: int = 2) -> Path:

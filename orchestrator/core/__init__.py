@@ -1,0 +1,1 @@
+"""The core of the control plane: configuration, the run-store schema, tracking, Ray execution, the trial lifecycle."""

@@ -1,0 +1,117 @@
+"""Load YAML configuration into typed specs, with errors that name the file and the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from workloads.errors import InputError
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
+    """Map every key path of a composed YAML document to its 1-based line."""
+    lines = {path: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = path + (key.value,)
+            lines[child] = key.start_mark.line + 1
+            lines.update({k: v for k, v in _line_index(value, child).items() if k != child})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines.update(_line_index(item, path + (i,)))
+    return lines
+
+
+def read_yaml(path: Path) -> tuple[dict, dict[tuple, int]]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(where, f"malformed YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, "expected a YAML mapping at the top level")
+    return data, _line_index(node) if node is not None else {}
+
+
+def _describe(error: dict) -> str:
+    location = ".".join(str(p) for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif error["type"] == "literal_error":
+        message = f"{error['input']!r} is not allowed: {message.lower()}"
+    return f"{location}: {message}" if location else message
+
+
+def input_error(exc: ValidationError, path: Path, lines: dict[tuple, int], under: tuple = ()) -> InputError:
+    """The first validation error as one line naming the file, the line and the key.
+
+    ``under``: where the validated data sits in the file (a sweep's ``("base",)``), so an
+    error in a cell's trial spec points at the base key that caused it.
+    """
+    first = exc.errors()[0]
+    loc = under + tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return InputError(f"{path}:{line}" if line else path, _describe({**first, "loc": loc}) + more)
+
+
+def validate(data: dict, model: type[SpecT], path: Path, lines: dict[tuple, int]) -> SpecT:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise input_error(exc, path, lines) from None
+
+
+def load_spec(path: Path, model: type[SpecT]) -> SpecT:
+    data, lines = read_yaml(path)
+    return validate(data, model, Path(path), lines)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
+def load_trials(path: Path, model: type[SpecT]) -> tuple[str, list[SpecT]]:
+    """A trial file: either one trial, or ``name`` + ``base`` + ``trials: {name: overrides}``.
+
+    Returns the experiment name and the trials; a trial of a multi-trial file is named
+    ``<file name>.<trial name>``. Errors point at the override's line, else the base's.
+    """
+    path = Path(path)
+    data, lines = read_yaml(path)
+    if "trials" not in data:
+        spec = validate(data, model, path, lines)
+        return spec.name, [spec]
+    unknown = set(data) - {"name", "base", "trials"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise InputError(f"{path}:{lines.get((key,), '?')}", f"{key}: unknown key (a trial file has name, base, trials)")
+    name, base, trials = data.get("name"), data.get("base") or {}, data["trials"]
+    if not isinstance(name, str) or not isinstance(base, dict) or not isinstance(trials, dict) or not trials:
+        raise InputError(path, "a trial file needs 'name' (text), 'base' (a mapping) and 'trials' (name -> overrides)")
+    specs = []
+    for trial_name, override in trials.items():
+        merged = _deep_merge(base, override or {})
+        merged["name"] = f"{name}.{trial_name}"
+        # error lines: the override's key if it set it, else the base's
+        trial_lines = {**{k[1:]: v for k, v in lines.items() if k[:1] == ("base",)},
+                       **{k[2:]: v for k, v in lines.items() if k[:2] == ("trials", trial_name)}}
+        specs.append(validate(merged, model, path, trial_lines))
+    return name, specs

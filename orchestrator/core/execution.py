@@ -1,0 +1,166 @@
+"""Run a trial's training as Ray Train workers and its test evaluation as a Ray task.
+
+Train V2 pattern (STACK.md): a ``TorchTrainer`` with a ``ScalingConfig`` (1..n workers,
+GPU when the cluster has one), checkpoints persisted under the run's storage path, one
+checkpoint per epoch scored by validation nDCG@10.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from orchestrator.core.schema import OBJECTIVE
+from workloads.logs import LEVEL_ENV
+from workloads.logs import configure as configure_logging
+from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
+from workloads.spec import TrialSpec
+from workloads.training import TrainingInputs
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    # Train V2 patches print() in workers to tee it into its logger, whose console handler
+    # prints it again: every progress line reached the driver twice.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+}
+# Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
+# orchestrator.sweep.runner); passed to Ray workers when set, never set in production.
+TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
+
+
+def set_offline_environment() -> None:
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def pin_storage_paths() -> None:
+    """Make the data and cache directories absolute environment values before workers start.
+
+    Ray Tune runs each trial in a working directory of its own, so a default or relative
+    path would resolve per trial: every trial would rebuild the index, the BM25 runs and the
+    training sets in its own empty cache instead of reusing the driver's.
+    """
+    os.environ[CACHE_DIR_ENV] = str(cache_dir())
+    if data_dir() is not None:
+        os.environ[DATA_DIR_ENV] = str(data_dir())
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Connect to ``address`` (or $RAY_ADDRESS), else start a local Ray on this machine."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    set_offline_environment()
+    pin_storage_paths()
+    env_vars = {k: os.environ[k] for k in (*OFFLINE_ENV, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
+                if k in os.environ}
+    address = address or os.environ.get("RAY_ADDRESS")
+    # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
+    # without it the driver log fills with "State API may be temporarily unavailable".
+    # address="local" starts a fresh Ray: plain ray.init() would attach to any cluster a
+    # `ray start` left running on this machine.
+    kwargs = {"address": address} if address else {"address": "local", "num_cpus": num_cpus}
+    ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True, **kwargs)
+
+
+def cluster_has_gpu() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def _use_gpu(spec: TrialSpec) -> bool:
+    return cluster_has_gpu() if spec.resources.use_gpu == "auto" else bool(spec.resources.use_gpu)
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    metrics: dict[str, float]
+    checkpoint: str
+
+
+def _train_loop_per_worker(config: dict) -> None:
+    # Runs in every Ray Train worker; torch.distributed is already set up by TorchTrainer.
+    import ray.train
+    import ray.train.torch
+
+    from workloads.training import train_cross_encoder
+
+    configure_logging()  # the driver's level, from the environment
+    spec = TrialSpec.model_validate(config["spec"])
+    inputs = TrainingInputs(**config["inputs"])
+
+    def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        if checkpoint_dir is None:
+            ray.train.report(metrics)
+            return
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
+                         checkpoint_dir_name=f"epoch-{int(metrics['epoch'])}")
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)  # persisted by Ray under the storage path
+
+    restored = ray.train.get_checkpoint()
+    device = ray.train.torch.get_device()
+    if restored is None:
+        train_cross_encoder(spec, inputs, report, device=device)
+    else:
+        with restored.as_directory() as resume_from:
+            train_cross_encoder(spec, inputs, report, device=device, resume_from=Path(resume_from))
+
+
+def make_trainer(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str, callbacks: list | None = None):
+    """The trial's ``TorchTrainer``: ``workers`` data-parallel workers, a checkpoint per epoch."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    use_gpu = _use_gpu(spec)
+    resources = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
+    return TorchTrainer(
+        _train_loop_per_worker,
+        train_loop_config={"spec": spec.model_dump(mode="json"), "inputs": asdict(inputs)},
+        scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=str(Path(storage_path).resolve()),
+            checkpoint_config=CheckpointConfig(checkpoint_score_attribute=OBJECTIVE, checkpoint_score_order="max"),
+            failure_config=FailureConfig(max_failures=spec.resources.max_failures),
+            callbacks=callbacks or [],
+        ),
+    )
+
+
+def epoch_results(result) -> list[EpochResult]:
+    epochs = [EpochResult(dict(metrics), checkpoint.path) for checkpoint, metrics in result.best_checkpoints]
+    return sorted(epochs, key=lambda e: e.metrics["epoch"])
+
+
+def train_on_ray(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str) -> list[EpochResult]:
+    """Fit the trial with Ray Train; returns every epoch's metrics and persisted checkpoint."""
+    return epoch_results(make_trainer(spec, inputs, storage_path, run_name).fit())
+
+
+def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str, interpolation: float | str = "none"):
+    """Start re-ranking the test candidates with ``checkpoint`` as a Ray task (a GPU when the
+    cluster has one); returns the ObjectRef of its ``Reranking``, so many evaluations can
+    share the cluster. ``interpolation``: see ``workloads.trial.final_interpolation``."""
+    import ray
+
+    from workloads.trial import evaluate_checkpoint
+
+    use_gpu = _use_gpu(spec)
+
+    @ray.remote(num_cpus=spec.resources.cpus_per_worker, num_gpus=1 if use_gpu else 0, max_retries=1)
+    def evaluate_task():
+        import torch
+
+        configure_logging()
+        device = torch.device("cuda") if use_gpu else torch.device("cpu")
+        return evaluate_checkpoint(Path(checkpoint), prepared, spec, device, interpolation)
+
+    return evaluate_task.remote()

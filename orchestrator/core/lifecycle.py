@@ -1,0 +1,238 @@
+"""The one trial lifecycle, for ``orchestrate run`` and ``orchestrate sweep`` alike.
+
+prepare the data (driver, cached by content) -> train as Ray Train workers -> choose the
+epoch on validation (``workloads.trial.choose_epoch``) -> evaluate the chosen checkpoint on
+every target (Ray tasks) -> log, from the driver, under :mod:`orchestrator.core.schema`'s names.
+
+``run`` walks these steps for one trial and logs everything on its trial run. A sweep runs
+the training steps inside Ray Tune (one Tune trial per Optuna suggestion, logged on a trial
+run by the same :func:`training_summary`) and evaluates each cell's winner on the cell run
+with the same :func:`submit_evaluations` and :func:`log_target`. An evaluation target is a
+trial spec whose test data is the target: the trial's own test data first, then each
+zero-shot collection (later: each perturbed query set).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.core import schema
+from orchestrator.core.execution import EpochResult, init_ray, submit_evaluation, train_on_ray
+from orchestrator.core.tracking import Tracker
+from workloads.evaluation import Evaluation
+from workloads.reranking import Reranking
+from workloads.retrieval.bm25 import write_trec_run
+from workloads.spec import TrialSpec
+from workloads.trial import PreparedTrial, choose_epoch, final_interpolation, prepare_trial
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a chosen checkpoint is tested: ``name`` prefixes its metrics, ``label`` names its
+    collection for people (``scifact``, ``nfcorpus:dev``), ``spec``'s test data is the target."""
+
+    name: str
+    label: str
+    spec: TrialSpec
+
+
+def collection_label(collection: str, split: str) -> str:
+    return collection.rstrip("/").rsplit("/", 1)[-1] + ("" if split == "test" else f":{split}")
+
+
+def targets(spec: TrialSpec, zero_shot: Sequence[tuple[str, str]] = ()) -> list[Target]:
+    """The trial's own test data (``data.test_collection`` or its collection, ``test_split``),
+    then each zero-shot (collection, split)."""
+    own = spec.data.test_collection or spec.data.collection
+    out = [Target(schema.TEST, collection_label(own, spec.data.test_split), spec)]
+    for collection, split in zero_shot:
+        data = spec.data.model_copy(update={"test_collection": collection, "test_split": split})
+        out.append(Target(schema.zero_shot_target(collection, split), collection_label(collection, split),
+                          spec.model_copy(update={"data": data})))
+    return out
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def chosen(epochs: Sequence[EpochResult]) -> EpochResult:
+    """The epoch every command tests (see ``workloads.trial.choose_epoch``)."""
+    return epochs[choose_epoch([e.metrics for e in epochs])]
+
+
+def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, float]:
+    """What a trial run holds about its training once it ended: the chosen epoch, its ``val_*``
+    as ``best_val_*``, and the time spent in the loop. The same names for both commands."""
+    best = epoch_metrics[choose_epoch(epoch_metrics)]
+    training = sum(m["epoch_train_seconds"] + m.get("epoch_validation_seconds", 0.0) for m in epoch_metrics)
+    return {
+        schema.BEST_EPOCH: best["epoch"],
+        **{f"{schema.BEST_PREFIX}{k}": v for k, v in best.items() if k.startswith(schema.VALIDATION_PREFIX)},
+        schema.TIME_TRAINING: training,
+        schema.TIME_PER_EPOCH: sum(m["epoch_train_seconds"] for m in epoch_metrics) / len(epoch_metrics),
+    }
+
+
+def timing(train_wall: float, summary: dict[str, float]) -> dict[str, float]:
+    """Ray Train's wall time and the overhead over the loop's own time."""
+    return {schema.TIME_TRAIN_WALL: train_wall, schema.TIME_OVERHEAD: train_wall - summary[schema.TIME_TRAINING]}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class TargetResult:
+    target: Target
+    reranking: Reranking      # the final ranking (and the cross-encoder alone when fused)
+    first_stage: Evaluation   # BM25 on the same queries
+    first_stage_run: str      # its TREC run file
+
+
+@dataclass
+class PendingEvaluation:
+    target: Target
+    prepared: PreparedTrial
+    ref: object  # Ray ObjectRef of a workloads.reranking.Reranking
+
+    def result(self) -> TargetResult:
+        import ray
+
+        return TargetResult(self.target, ray.get(self.ref), self.prepared.first_stage_test, self.prepared.test_first_stage_run)
+
+
+def submit_evaluations(spec: TrialSpec, evaluation_targets: Sequence[Target], checkpoint: str,
+                       tuned_weight: float | None) -> list[PendingEvaluation]:
+    """Start testing ``checkpoint`` on every target as Ray tasks (all in flight at once)."""
+    interpolation = final_interpolation(spec, tuned_weight)
+    pending = []
+    for target in evaluation_targets:
+        prepared = prepare_trial(target.spec)  # cached by content: only a new target computes anything
+        pending.append(PendingEvaluation(target, prepared, submit_evaluation(target.spec, prepared, checkpoint, interpolation)))
+    return pending
+
+
+def log_target(tracker: Tracker, run_id: str, result: TargetResult, run_tag: str) -> None:
+    """One target, logged the same way wherever it runs: the final ranking, the cross-encoder
+    alone when fused, BM25, each with per-query values; the weight; both TREC runs."""
+    name = result.target.name
+    tracker.log_evaluation(run_id, schema.target_prefix(name), result.reranking.evaluation)
+    if result.reranking.weight is not None:
+        tracker.log_evaluation(run_id, schema.cross_encoder_prefix(name), result.reranking.cross_encoder)
+        tracker.log_metrics(run_id, {schema.weight_metric(name): result.reranking.weight})
+    tracker.log_evaluation(run_id, schema.first_stage_prefix(name), result.first_stage)
+    with tempfile.TemporaryDirectory() as tmp:
+        reranked = Path(tmp) / f"{name}.reranked.trec"
+        write_trec_run(result.reranking.run, reranked, tag=run_tag)
+        tracker.log_file(run_id, reranked, "runs")
+        first_stage = Path(tmp) / f"{name}.{schema.FIRST_STAGE}.trec"
+        first_stage.write_bytes(Path(result.first_stage_run).read_bytes())
+        tracker.log_file(run_id, first_stage, "runs")
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Ranking:
+    """One ranking's measures on one set of queries (``model`` is the final ranking)."""
+
+    model: dict[str, float]
+    first_stage: dict[str, float]
+    cross_encoder: dict[str, float] = field(default_factory=dict)  # when the final ranking is fused
+    weight: float | None = None
+
+
+@dataclass
+class TrialResult:
+    """A trial's outcome, typed: read from its MLflow run by schema name, in one place."""
+
+    run_id: str
+    reused: bool
+    best_epoch: int
+    validation: Ranking
+    tests: dict[str, Ranking]  # target name -> its rankings
+    timings: dict[str, float]
+
+    @classmethod
+    def from_metrics(cls, run_id: str, reused: bool, metrics: dict[str, float], target_names: Sequence[str]) -> TrialResult:
+        validation = Ranking(schema.measures(metrics, f"{schema.BEST_PREFIX}{schema.VALIDATION_PREFIX}"),
+                             schema.measures(metrics, schema.first_stage_prefix("val")),
+                             schema.measures(metrics, f"{schema.BEST_PREFIX}{schema.VALIDATION_CROSS_ENCODER_PREFIX}"),
+                             metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
+        tests = {}
+        for name in target_names:
+            # runs tracked before one vocabulary logged the test weight unprefixed
+            weight = metrics.get(schema.weight_metric(name), metrics.get("interpolation_weight") if name == schema.TEST else None)
+            tests[name] = Ranking(schema.measures(metrics, schema.target_prefix(name)),
+                                  schema.measures(metrics, schema.first_stage_prefix(name)),
+                                  schema.measures(metrics, schema.cross_encoder_prefix(name)), weight)
+        timings = {k: v for k, v in metrics.items() if k.startswith("time_")}
+        return cls(run_id, reused, int(metrics.get(schema.BEST_EPOCH, 0)), validation, tests, timings)
+
+
+# ----------------------------------------------------------------------------- `orchestrate run`
+
+
+def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address: str | None = None,
+              force: bool = False, experiment: str | None = None) -> TrialResult:
+    """One trial end to end as one MLflow run. The same trial (same resolved config, whatever its
+    name) finished in any experiment of this store is reused, not recomputed (``force`` reruns)."""
+    key = schema.trial_key(spec)
+    evaluation_targets = targets(spec)
+    names = [t.name for t in evaluation_targets]
+    finished = tracker.find_run(None, key, status="FINISHED")
+    if finished is not None and not force:
+        log.info("trial %s already finished in MLflow run %s (experiment %s): reusing its results (--force reruns)",
+                 key, finished.info.run_id, finished.info.experiment_id)
+        return TrialResult.from_metrics(finished.info.run_id, True, dict(finished.data.metrics), names)
+
+    started = time.perf_counter()
+    log.info("preparing data for trial %s (%s)", spec.name, key)
+    prepared = prepare_trial(spec)
+    prepare_seconds = time.perf_counter() - started
+
+    experiment_id = tracker.experiment_id(experiment or spec.name)  # written only once the inputs are known good
+    run_id = tracker.start_trial_run(experiment_id, spec.name, key, schema.flat_params(spec), schema.axes(spec))
+    try:
+        tracker.log_metrics(run_id, prepared.first_stage_validation, prefix=schema.first_stage_prefix("val"))
+        tracker.log_json(run_id, "", "data_stats.json", prepared.data_stats)
+        tracker.log_json(run_id, "", "config.json", spec.model_dump(mode="json"))
+
+        init_ray(ray_address)
+        train_started = time.perf_counter()
+        # Train V2 restores a run from storage by name: a crashed attempt resumes from its last
+        # epoch checkpoint; --force starts a fresh run instead of restoring the finished one.
+        run_name = f"{spec.name}-{key}" + (f"-{int(time.time())}" if force else "")
+        epochs = train_on_ray(spec, prepared.training, storage_path, run_name)
+        train_wall = time.perf_counter() - train_started
+        for epoch in epochs:
+            tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
+                                step=int(epoch.metrics["epoch"]))
+        summary = training_summary([e.metrics for e in epochs])
+        best = chosen(epochs)
+        log.info("chosen epoch %d (%s %.4f); testing %s", int(best.metrics["epoch"]), schema.OBJECTIVE,
+                 best.metrics[schema.OBJECTIVE], best.checkpoint)
+
+        test_started = time.perf_counter()
+        for pending in submit_evaluations(spec, evaluation_targets, best.checkpoint, best.metrics.get(schema.TUNED_WEIGHT)):
+            log_target(tracker, run_id, pending.result(), run_tag=f"rerank-lab.{spec.name}")
+        tracker.log_metrics(run_id, {**summary, **timing(train_wall, summary), schema.TIME_PREPARE: prepare_seconds,
+                                     schema.TIME_EVALUATION: time.perf_counter() - test_started,
+                                     schema.TIME_TRIAL: time.perf_counter() - started})
+        tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: best.checkpoint})
+        tracker.finish(run_id, "FINISHED")
+    except BaseException as exc:
+        tracker.fail(run_id, "error", exc)  # partial results are never reported as complete
+        raise
+    return TrialResult.from_metrics(run_id, False, tracker.run_metrics(run_id), names)

@@ -1,0 +1,173 @@
+"""MLflow tracking: runs found or created by identity, the sweep/cell/trial hierarchy, evaluations.
+
+Default store: SQLite in the working directory (``.orchestrate/mlflow.db``, artifacts in
+``.orchestrate/mlartifacts``); ``--tracking-uri`` or ``$MLFLOW_TRACKING_URI`` override it.
+SQLite locks under concurrent writers, so workers never write: they report to Ray, and the
+driver logs. A run's identity is its ``trial_key`` tag (see :mod:`orchestrator.core.schema`),
+so a rerun finds its run instead of creating a second one.
+
+The hierarchy (MLflow's ``parentRunId``): a sweep run (kind ``sweep``, home of the reports)
+parents one run per cell (kind ``cell``), which parents one run per trial (kind ``trial``).
+``orchestrate run`` writes trial runs without parents.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from orchestrator.core import schema
+from workloads.evaluation import Evaluation
+from workloads.logs import LEVEL_ENV
+
+
+def default_tracking_uri() -> str:
+    root = Path.cwd() / ".orchestrate"
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(cli_value: str | None) -> str:
+    return cli_value or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+class Tracker:
+    """A thin layer over ``MlflowClient`` for the runs rerank-lab writes."""
+
+    def __init__(self, tracking_uri: str):
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # per-file bars drown the report
+        from mlflow.tracking import MlflowClient
+
+        if os.environ.get(LEVEL_ENV, "INFO") != "DEBUG":  # "Creating initial MLflow database tables..." and the like
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    # ------------------------------------------------------------------ experiments and runs
+
+    def experiment_id(self, name: str) -> str:
+        """The experiment ``name`` (created if needed), marked as model development so MLflow 3's
+        UI opens it on its runs table rather than on a GenAI traces overview."""
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is None:
+            artifact_location = None
+            if self.uri.startswith("sqlite:///"):
+                artifact_location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts" / name).resolve().as_uri()
+            experiment_id = self.client.create_experiment(name, artifact_location=artifact_location)
+        else:
+            experiment_id = experiment.experiment_id
+            if experiment.tags.get(schema.EXPERIMENT_KIND_TAG) == schema.EXPERIMENT_KIND:
+                return experiment_id
+        self.client.set_experiment_tag(experiment_id, schema.EXPERIMENT_KIND_TAG, schema.EXPERIMENT_KIND)
+        return experiment_id
+
+    def find_run(self, experiment_id: str | None, trial_key: str, status: str | None = None):
+        """The run with this identity in ``experiment_id`` (None: in any experiment of the store)."""
+        query = f"tags.`{schema.TRIAL_KEY_TAG}` = '{trial_key}'"
+        if status:
+            query += f" and attributes.status = '{status}'"
+        experiments = [experiment_id] if experiment_id else [e.experiment_id for e in self.client.search_experiments()]
+        runs = self.client.search_runs(experiments, filter_string=query, max_results=10)
+        return runs[0] if runs else None
+
+    def runs_of_kind(self, experiment_id: str, kind: str) -> list:
+        return self.client.search_runs([experiment_id], filter_string=f"tags.`{schema.KIND_TAG}` = '{kind}'",
+                                       max_results=50_000)
+
+    def start_trial_run(self, experiment_id: str, run_name: str, trial_key: str, params: dict[str, str],
+                        tags: dict[str, str]) -> str:
+        """Reuse the unfinished run of this trial if there is one (a crashed attempt), else create it."""
+        previous = self.find_run(experiment_id, trial_key)
+        if previous is not None and previous.info.status != "FINISHED":
+            run_id = previous.info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+        run = self.client.create_run(experiment_id, run_name=run_name,
+                                     tags={schema.TRIAL_KEY_TAG: trial_key, schema.KIND_TAG: schema.TRIAL, **tags})
+        from mlflow.entities import Param
+
+        items = list(params.items())
+        for start in range(0, len(items), 100):
+            self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in items[start:start + 100]])
+        return run.info.run_id
+
+    def sweep_run(self, experiment_id: str, sweep_name: str) -> str:
+        """The sweep's own run, parent of its cell runs and home of its reports (found or created)."""
+        key = f"sweep:{sweep_name}"
+        existing = self.find_run(experiment_id, key)
+        if existing is not None:
+            return existing.info.run_id
+        run = self.client.create_run(experiment_id, run_name=f"sweep {sweep_name}", tags={
+            schema.TRIAL_KEY_TAG: key, schema.KIND_TAG: schema.SWEEP, schema.SWEEP_TAG: sweep_name})
+        return run.info.run_id
+
+    def cell_run(self, experiment_id: str, sweep_name: str, cell_key: str, axes: dict[str, str], is_baseline: bool,
+                 description: dict) -> str:
+        """A cell's run under the sweep run (found or created; identity: the cell key)."""
+        root = self.sweep_run(experiment_id, sweep_name)
+        tags = {schema.PARENT_TAG: root, schema.CELL_TAG: cell_key, schema.SWEEP_TAG: sweep_name, **axes}
+        existing = self.find_run(experiment_id, cell_key)
+        if existing is not None:
+            stale = {k: v for k, v in tags.items() if existing.data.tags.get(k) != v}
+            if stale:  # a store written before sweep runs, or before cell runs carried every axis
+                self.set_tags(existing.info.run_id, stale)
+            return existing.info.run_id
+        run = self.client.create_run(experiment_id, run_name="/".join(axes[a] for a in schema.GRID_AXES if a in axes), tags={
+            schema.TRIAL_KEY_TAG: cell_key, schema.KIND_TAG: schema.CELL, schema.BASELINE_TAG: str(is_baseline).lower(), **tags})
+        self.log_json(run.info.run_id, "", "cell.json", description)
+        return run.info.run_id
+
+    # ------------------------------------------------------------------ writing
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0, prefix: str = "") -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(f"{prefix}{k}", float(v), now, step) for k, v in metrics.items()]
+        for start in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[start:start + 1000])
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+
+    def describe(self, run_id: str, markdown: str) -> None:
+        """The run's description in the MLflow UI."""
+        self.client.set_tag(run_id, schema.NOTE_TAG, markdown)
+
+    def log_json(self, run_id: str, artifact_path: str, name: str, payload) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            path.write_text(json.dumps(payload, indent=1, sort_keys=True))
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_file(self, run_id: str, path: Path, artifact_path: str) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_evaluation(self, run_id: str, prefix: str, evaluation: Evaluation) -> None:
+        """Aggregates as ``<prefix><measure>`` and the per-query values as ``per_query/<prefix>.json``."""
+        self.log_metrics(run_id, evaluation.aggregate, prefix=prefix)
+        self.log_json(run_id, "per_query", f"{prefix.rstrip('_')}.json",
+                      {"relevance_level": evaluation.relevance_level, "num_queries": evaluation.num_queries,
+                       "aggregate": evaluation.aggregate, "per_query": evaluation.per_query})
+
+    def fail(self, run_id: str, failure: str, error: BaseException | str | None = None) -> None:
+        """Mark a run FAILED with why (never reported as complete)."""
+        tags = {schema.FAILURE_TAG: failure}
+        if error is not None:
+            text = str(error).strip()
+            tags[schema.ERROR_TAG] = (text.splitlines()[-1] if text else type(error).__name__)[:500]
+        self.set_tags(run_id, tags)
+        self.finish(run_id, "FAILED")
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def run_metrics(self, run_id: str) -> dict[str, float]:
+        return dict(self.client.get_run(run_id).data.metrics)

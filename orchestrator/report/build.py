@@ -1,0 +1,145 @@
+"""``orchestrate report``: a sweep's tables and figures, written to disk and to its MLflow sweep run.
+
+Every number is recomputed from the per-query values stored with the cell runs (and
+checked against the logged aggregates, see :mod:`orchestrator.report.results`). Files are
+written whole (to a temporary name, then renamed): a failed report leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.core.tracking import Tracker
+from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, load_sweep_results, systems
+from orchestrator.report.tables import (
+    RENDERERS,
+    Table,
+    TableOptions,
+    compare_with_baselines,
+    first_stage_value,
+    grid_table,
+    render_csv,
+    render_latex,
+    render_markdown,
+    transfer_table,
+    zero_shot_table,
+)
+from orchestrator.sweep.grid import SweepSpec
+from workloads.errors import InputError
+from workloads.logs import get_logger
+
+_log = get_logger("report").info
+
+
+def _write(path: Path, text: str) -> Path:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+    return path
+
+
+def _write_table(table: Table, stem: Path, digits: int) -> list[Path]:
+    """The table in every format: ``<stem>.md``, ``.tex`` and ``.csv``."""
+    written = ((render_markdown, "md"), (render_latex, "tex"), (render_csv, "csv"))
+    return [_write(stem.with_name(f"{stem.name}.{suffix}"), render(table, digits)) for render, suffix in written]
+
+
+def parse_select(text: str | None) -> dict[str, str]:
+    """``loss=pointwise+scl,augmentation=bm25`` -> {axis: value}."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        axis, sep, value = part.partition("=")
+        if not sep or axis.strip() not in SYSTEM_AXES:
+            raise InputError("--select", f"'{part}' is not AXIS=VALUE with AXIS one of {', '.join(SYSTEM_AXES)}")
+        out[axis.strip()] = value.strip()
+    return out
+
+
+@dataclass
+class ReportRequest:
+    options: TableOptions
+    rows: tuple[str, ...] = ("model", "size")
+    cols: str = "augmentation"
+    collection: str | None = None
+    output_format: str = "md"
+    zero_shot: bool = False
+    transfer: bool = False
+    select: dict[str, str] = field(default_factory=dict)
+    plots: bool = True
+
+
+@dataclass
+class ReportOutput:
+    text: str
+    files: list[Path]
+
+
+def load_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
+    results = load_sweep_results(sweep, tracker)
+    if results.experiment_id is None:
+        raise InputError(sweep.name, f"no MLflow experiment '{sweep.name}' in {tracker.uri}: run the sweep first")
+    return results
+
+
+def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, request: ReportRequest) -> ReportOutput:
+    all_results = [load_results(sweep, tracker) for sweep in sweeps]
+    blocks: list[str] = []
+    files: list[Path] = []
+    renderer = RENDERERS[request.output_format]
+    for results in all_results:
+        out_dir = Path(out_root) / results.sweep.name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        prefix = results.prefix_for(request.collection)
+        label = next(lbl for lbl, p in results.evaluation_targets() if p == prefix)
+        _log(f"{results.sweep.name}: reading per-query values of {sum(c.status == STATUS_OK for c in results.cells)} "
+             f"finished cells ({len(results.cells)} in the grid)")
+        tables: list[tuple[str, Table]] = [("table", grid_table(results, prefix, label, request.rows, request.cols, request.options))]
+        if request.zero_shot:
+            tables.append(("zero-shot", zero_shot_table(results, request.options, request.select)))
+        sweep_files: list[Path] = []
+        for stem, table in tables:
+            blocks.append(renderer(table, request.options.digits))
+            sweep_files += _write_table(table, out_dir / f"{stem}-{request.options.metric}-{label}", request.options.digits)
+        if request.plots:
+            sweep_files += _plots(results, prefix, label, request.options, out_dir)
+        _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][1], request.options.digits))
+        files += sweep_files
+    if request.transfer:
+        table = transfer_table(all_results, request.options, request.select)
+        blocks.append(renderer(table, request.options.digits))
+        transfer_dir = Path(out_root) / "transfer"
+        transfer_dir.mkdir(parents=True, exist_ok=True)
+        files += _write_table(table, transfer_dir / f"transfer-{request.options.metric}", request.options.digits)
+    return ReportOutput("\n".join(blocks), files)
+
+
+def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions, out_dir: Path) -> list[Path]:
+    from orchestrator.report.plots import plot_metric_by_size, plot_relative_by_size
+
+    all_systems = systems(results, options.metric, prefix)
+    if not any(s.status == STATUS_OK for s in all_systems):
+        _log(f"{results.sweep.name}: no finished cell yet, no figures")
+        return []
+    entries = compare_with_baselines(all_systems, options.test, options.correction)
+    written = []
+    for model in dict.fromkeys(s.axes["model"] for s in all_systems):
+        mine = [s for s in all_systems if s.axes["model"] == model]
+        safe = model.replace("/", "_")
+        written.append(plot_metric_by_size(mine, model, options.metric, label, out_dir / f"by-size-{safe}-{options.metric}-{label}.png",
+                                           first_stage_value(results, prefix, options.metric)))
+        written.append(plot_relative_by_size(mine, entries, model, options.metric, label,
+                                             out_dir / f"relative-{safe}-{options.metric}-{label}.png"))
+    return written
+
+
+def _log_to_mlflow(tracker: Tracker, results: SweepResults, files: list[Path], table_markdown: str) -> None:
+    """The files as artifacts of the sweep run, and the table as its description in the UI."""
+    run_id = tracker.sweep_run(results.experiment_id, results.sweep.name)
+    for path in files:
+        tracker.log_file(run_id, path, "report")
+    tracker.describe(run_id, table_markdown)
+    _log(f"{results.sweep.name}: {len(files)} files logged to MLflow run {run_id} (artifacts/report)")

@@ -1,0 +1,495 @@
+"""``orchestrate sweep``: the grid x Optuna x Ray Tune x MLflow, resumable.
+
+- Cells come from :func:`orchestrator.sweep.grid.expand_grid`; each has its own Optuna study
+  (:mod:`orchestrator.sweep.search`) in ``<storage>/<sweep>/optuna.db``.
+- One Tune run per invocation holds every remaining trial of every cell (one scheduling
+  pool). Each Tune trial trains the cell's trial spec as Ray Train workers, named by a
+  stable Train run name, so a retried or resumed trial continues from its last epoch
+  checkpoint; it chooses its epoch with the lifecycle's rule and reports it.
+- MLflow (written by the driver only, see :mod:`orchestrator.core.tracking`): one
+  experiment per sweep, a sweep run, a run per cell and a run per trial, found again by
+  identity on every rerun.
+- After the search, each cell's winner is evaluated on every target with the lifecycle's
+  :func:`~orchestrator.core.lifecycle.submit_evaluations` and
+  :func:`~orchestrator.core.lifecycle.log_target` on the cell run, which is then FINISHED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.core import schema
+from orchestrator.core.lifecycle import submit_evaluations, targets, timing, training_summary
+from orchestrator.core.tracking import Tracker
+from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid
+from orchestrator.sweep.progress import SweepProgress
+from orchestrator.sweep.search import (
+    COUNTED,
+    FAILURE,
+    TRAIN_RUN,
+    CellStudiesSearcher,
+    apply_params,
+    finished_trials,
+    requeue_interrupted,
+)
+from workloads.logs import configure as configure_logging
+from workloads.logs import get_logger
+from workloads.spec import TrialSpec
+
+log = get_logger("sweep")
+
+# Test hook (never set in production): a comma-separated list of cell keys whose trials raise
+# on purpose, each attempt appended to <storage>/failed_attempts.log. Read here only.
+FAIL_CELLS_ENV = "ORCHESTRATE_TEST_FAIL_CELLS"
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    root: Path
+
+    @property
+    def optuna_url(self) -> str:
+        return f"sqlite:///{self.root / 'optuna.db'}"
+
+    @property
+    def ray_storage(self) -> Path:
+        return self.root / "ray"
+
+    @property
+    def log_file(self) -> Path:
+        """Ray's and Tune's own output, and every worker's, when the terminal shows the progress display."""
+        return self.root / "sweep.log"
+
+
+def sweep_paths(sweep: SweepSpec, storage_root: Path) -> SweepPaths:
+    root = Path(storage_root).resolve() / sweep.name
+    root.mkdir(parents=True, exist_ok=True)
+    return SweepPaths(root)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass
+class CellProgress:
+    cell: Cell
+    trials_finished: int
+    trials_complete: int
+    trials_failed: int
+    best: float | None
+
+
+def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
+    """What each cell has done, read from the Optuna storage (nothing is started)."""
+    import optuna
+
+    cells = expand_grid(sweep)
+    existing: set[str] = set()
+    if paths is not None and (paths.root / "optuna.db").exists():
+        existing = {s.study_name for s in optuna.get_all_study_summaries(paths.optuna_url)}
+    out = []
+    for cell in cells:
+        if cell.spec is None or cell.key not in existing:
+            out.append(CellProgress(cell, 0, 0, 0, None))
+            continue
+        study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
+        trials = study.get_trials(deepcopy=False)
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get(COUNTED)]
+        best = max((t.value for t in complete), default=None)
+        out.append(CellProgress(cell, finished_trials(study), len(complete), len(failed), best))
+    return out
+
+
+def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
+    rows = progress(sweep, paths)
+    runnable = [r for r in rows if r.cell.spec is not None]
+    per_cell = sweep.search.trials_per_cell
+    trials_runnable = per_cell * len(runnable)
+    trials_done = sum(r.trials_complete + r.trials_failed for r in runnable)
+    unavailable: dict[str, int] = {}
+    for r in rows:
+        if r.cell.unavailable:
+            unavailable[r.cell.unavailable] = unavailable.get(r.cell.unavailable, 0) + 1
+    return {
+        "sweep": sweep.name,
+        "cells": len(rows),
+        "baseline_cells": sum(1 for r in rows if r.cell.is_baseline),
+        "runnable_cells": len(runnable),
+        "unavailable_cells": len(rows) - len(runnable),
+        "unavailable_reasons": unavailable,
+        "trials_per_cell": per_cell,
+        "trials_planned": per_cell * len(rows),
+        "trials_runnable": trials_runnable,
+        "trials_done": trials_done,
+        "trials_to_run": trials_runnable - trials_done,
+        # the sweep's run + a run per cell (its child) + a run per trial (the cell's child)
+        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows),
+        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable,
+        "cells_detail": [
+            {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
+             "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed, "best": r.best}
+            for r in rows
+        ],
+    }
+
+
+# ----------------------------------------------------------------------------- one Tune trial
+
+
+def _sweep_trial(config: dict) -> None:
+    """One Tune trial: the cell's trial as Ray Train workers, reported to Tune per epoch, then
+    the chosen epoch (the lifecycle's rule) and the training summary."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from orchestrator.core.execution import epoch_results, make_trainer
+    from workloads.trial import choose_epoch, prepare_trial
+
+    configure_logging()  # the driver's level, from the environment
+    spec = TrialSpec.model_validate(config["spec"])
+    if config["cell"] in os.environ.get(FAIL_CELLS_ENV, "").split(","):  # test hook, see FAIL_CELLS_ENV
+        with open(Path(config["storage"]) / "failed_attempts.log", "a") as attempts:
+            attempts.write(config["train_run"] + "\n")
+        raise RuntimeError(f"{FAIL_CELLS_ENV}: this trial raises on purpose")
+    prepared = prepare_trial(spec)  # cached by content: the driver prepared every k_a
+    trainer = make_trainer(spec, prepared.training, Path(config["storage"]), config["train_run"], [TuneReportCallback()])
+    started = time.perf_counter()
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # a deterministic out-of-memory is recorded, not retried blindly
+        if _is_out_of_memory(exc):
+            ray.tune.report({"failure": "oom"})
+            return
+        raise
+    epochs = epoch_results(result)
+    metrics = [e.metrics for e in epochs]
+    summary = training_summary(metrics)
+    best = epochs[choose_epoch(metrics)]
+    ray.tune.report({**summary, **timing(time.perf_counter() - started, summary), schema.OBJECTIVE: best.metrics[schema.OBJECTIVE],
+                     "final": 1, schema.CHECKPOINT_TAG: best.checkpoint})
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in ("OutOfMemoryError", "CUDA out of memory", "MemoryError"))
+
+
+def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str], sweep: SweepSpec,
+                   display: SweepProgress):
+    from ray.tune import Callback
+
+    summary_names = {schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIME_PER_EPOCH, schema.TIME_TRAIN_WALL,
+                     schema.TIME_OVERHEAD}
+
+    class MlflowTrialLogger(Callback):
+        """Logs every Tune trial as a child of its cell's run, from the driver process."""
+
+        def __init__(self):
+            self.runs: dict[str, str] = {}
+            self.started: dict[str, float] = {}
+
+        def _run_id(self, trial) -> str:
+            if trial.trial_id not in self.runs:
+                config = trial.config
+                spec = TrialSpec.model_validate(config["spec"])
+                key = f"{config['cell']}/{config['train_run']}"
+                # a cell and its trials carry the same axis tags (the cell's)
+                tags = {schema.PARENT_TAG: cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
+                        schema.SWEEP_TAG: sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
+                        **schema.axes(spec)}
+                params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
+                self.runs[trial.trial_id] = tracker.start_trial_run(experiment_id, config["train_run"], key, params, tags)
+            return self.runs[trial.trial_id]
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.started.setdefault(trial.trial_id, time.perf_counter())
+            self._run_id(trial)
+            display.trial_started(trial.config["cell"])
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            run_id = self._run_id(trial)
+            if "epoch" in result and "final" not in result:
+                metrics = {k: v for k, v in result.items() if schema.is_epoch_metric(k) and isinstance(v, (int, float))}
+                tracker.log_metrics(run_id, metrics, step=int(result["epoch"]))
+                display.epoch_done()
+            if result.get("final"):
+                wall = time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter())
+                summary = {k: v for k, v in result.items() if (k in summary_names or k.startswith(schema.BEST_PREFIX))
+                           and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                tracker.log_metrics(run_id, {**summary, schema.TIME_TRIAL: wall})
+                tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: result[schema.CHECKPOINT_TAG]})
+                display.trial_seconds(wall)
+            if result.get("failure"):
+                tracker.set_tags(run_id, {schema.FAILURE_TAG: result["failure"]})
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            run_id = self._run_id(trial)
+            failed = trial.last_result.get("failure") if trial.last_result else None
+            tracker.finish(run_id, "FAILED" if failed else "FINISHED")
+            display.trial_ended(trial.config["cell"], failed=bool(failed))
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            run_id = self._run_id(trial)
+            tracker.fail(run_id, "error", str(getattr(trial, "error_msg", None) or "error"))
+            display.trial_ended(trial.config["cell"], failed=True)
+
+    return MlflowTrialLogger()
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: list[Cell]) -> dict[str, str]:
+    """Find or create the run of every runnable cell under the sweep run."""
+    tracker.client.update_run(tracker.sweep_run(experiment_id, sweep.name), status="RUNNING")
+    return {cell.key: tracker.cell_run(experiment_id, sweep.name, cell.key, {**cell.axes, "collection": cell.spec.data.collection},
+                                       cell.is_baseline, {"axes": cell.axes, "searched": list(cell.searched),
+                                                          "spec": cell.spec.model_dump(mode="json", by_alias=True)})
+            for cell in cells}
+
+
+def migrate_trial_axes(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str]) -> int:
+    """Give trial runs written before one axis vocabulary (``augmentation=bm25-k2``) their
+    cell's axis tags; returns how many runs changed. Idempotent."""
+    cell_tags = {key: tracker.client.get_run(run_id).data.tags for key, run_id in cell_runs.items()}
+    changed = 0
+    for run in tracker.runs_of_kind(experiment_id, schema.TRIAL):
+        tags = cell_tags.get(run.data.tags.get(schema.CELL_TAG))
+        if tags is None:
+            continue
+        stale = {a: tags[a] for a in schema.AXES if a in tags and run.data.tags.get(a) != tags[a]}
+        if stale:
+            tracker.set_tags(run.info.run_id, stale)
+            changed += 1
+    return changed
+
+
+def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStudiesSearcher) -> int:
+    """Close trial runs a killed driver left open after their Optuna trial had ended (Tune tells
+    the searcher before the callbacks): COMPLETE -> FINISHED, a counted FAIL -> FAILED.
+    Returns how many were closed."""
+    import optuna
+
+    closed = 0
+    for cell_key, study in searcher.studies.items():
+        for trial in study.get_trials(deepcopy=False):
+            done = trial.state == optuna.trial.TrialState.COMPLETE
+            if not (done or (trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get(COUNTED))):
+                continue
+            run = tracker.find_run(experiment_id, f"{cell_key}/{trial.user_attrs.get(TRAIN_RUN)}")
+            if run is None or run.info.status != "RUNNING":
+                continue
+            if done:
+                if schema.BEST_OBJECTIVE not in run.data.metrics:
+                    tracker.log_metrics(run.info.run_id, {schema.BEST_OBJECTIVE: trial.value})
+                tracker.finish(run.info.run_id, "FINISHED")
+            else:
+                tracker.fail(run.info.run_id, trial.user_attrs.get(FAILURE, "error"))
+            closed += 1
+    return closed
+
+
+def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> int:
+    import ray
+
+    if sweep.search.max_concurrent_trials:
+        return sweep.search.max_concurrent_trials
+    resources = ray.cluster_resources()
+    spec = cells[0].spec
+    per_trial = spec.resources.workers * spec.resources.cpus_per_worker
+    return max(1, int(resources.get("CPU", 1) // per_trial))
+
+
+def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
+    """The cell's spec once per searched k_a: each k_a is an augmentation set of its own,
+    which the trials would otherwise build themselves, concurrently and more than once."""
+    if "k" in cell.searched and sweep.search.k is not None:
+        return [apply_params(cell.spec, {"k": k}) for k in sweep.search.k.choices]
+    return [cell.spec]
+
+
+def _zero_shot(sweep: SweepSpec) -> list[tuple[str, str]]:
+    return [(t.collection, t.split) for t in sweep.zero_shot]
+
+
+@contextlib.contextmanager
+def _noise_to(log_file: Path | None):
+    """Send Ray's and Tune's output (config boxes, hints, raylet warnings, worker lines) to
+    ``log_file`` while the block runs; None leaves it on the terminal (``--verbose``)."""
+    if log_file is None:
+        with contextlib.redirect_stdout(sys.stderr):  # never on stdout: --json stays parseable
+            yield
+        return
+    ray_loggers = [logging.getLogger(name) for name in ("ray", "ray.tune", "ray.train", "ray.data")]
+    with open(log_file, "a", buffering=1) as sink:
+        saved = [(handler, handler.stream) for logger in ray_loggers for handler in logger.handlers
+                 if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)]
+        for handler, _ in saved:
+            handler.setStream(sink)
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                yield
+        finally:
+            for handler, stream in saved:
+                handler.setStream(stream)
+
+
+def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
+              verbose: bool = False) -> dict:
+    """Run (or finish) the sweep; returns the dry-run report of the end state."""
+    import ray.tune
+
+    from orchestrator.core.execution import init_ray
+    from workloads.trial import prepare_trial
+
+    paths = sweep_paths(sweep, storage_root)
+    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    if not cells:
+        raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")
+    log.info("preparing data for %d cells", len(cells))
+    prepared = {}
+    for cell in cells:
+        for spec in _data_variants(cell, sweep):
+            prepared[cell.key] = prepare_trial(spec)  # indexes, runs, training sets, augmentations: once, before trials race
+        for target in targets(cell.spec, _zero_shot(sweep))[1:]:
+            prepare_trial(target.spec)  # a zero-shot collection that cannot load fails now, not after the grid trained
+
+    # MLflow is written once every input is known good.
+    experiment_id = tracker.experiment_id(sweep.name)
+    cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
+    migrated = migrate_trial_axes(tracker, experiment_id, cell_runs)
+    if migrated:
+        log.info("%d trial run(s) of an earlier store now carry their cell's axis tags", migrated)
+    for cell in cells:
+        run = tracker.client.get_run(cell_runs[cell.key])
+        if f"{schema.first_stage_prefix('val')}ndcg_at_10" not in run.data.metrics:  # the cell's data, logged once
+            tracker.log_metrics(run.info.run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
+            tracker.log_json(run.info.run_id, "", "data_stats.json", prepared[cell.key].data_stats)
+
+    searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url)
+    closed = reconcile_trial_runs(tracker, experiment_id, searcher)
+    if closed:
+        log.info("%d trial run(s) left open by a killed driver were closed from their Optuna outcome", closed)
+    requeued = sum(requeue_interrupted(s) for s in searcher.studies.values())
+    if requeued:
+        log.info("%d trial(s) interrupted by a previous driver will resume from their checkpoints", requeued)
+    remaining = searcher.remaining()
+    display = SweepProgress(sweep.name, {c.key: finished_trials(searcher.studies[c.key]) for c in cells},
+                            sweep.search.trials_per_cell, enabled=not verbose)
+    if remaining:
+        init_ray(ray_address)
+        concurrent = _max_concurrent(sweep, cells)
+        log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
+                 "" if verbose else f"; Ray's own output goes to {paths.log_file}")
+        display.concurrency = concurrent
+        searcher.extra_config = {"storage": str(paths.ray_storage)}
+        tuner = ray.tune.Tuner(
+            # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
+            # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
+            # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
+            ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
+            tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+                                            max_concurrent_trials=concurrent),
+            run_config=ray.tune.RunConfig(
+                name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
+                failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
+                callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep, display)],
+                verbose=0,
+            ),
+        )
+        with _noise_to(None if verbose else paths.log_file):
+            tuner.fit()
+        display.close()
+
+    _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose)
+    tracker.finish(tracker.sweep_run(experiment_id, sweep.name))  # every cell is FINISHED or FAILED now
+    return dry_run_report(sweep, paths)
+
+
+def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose) -> None:
+    """Test every cell's winner on every target with the lifecycle, all evaluations in flight at once."""
+    import optuna
+
+    from orchestrator.core.execution import init_ray
+    from orchestrator.core.lifecycle import log_target
+
+    pending = []  # (cell, cell run id, winner, complete trials, winner's trial run, [PendingEvaluation])
+    for cell in cells:
+        run_id = cell_runs[cell.key]
+        if tracker.client.get_run(run_id).info.status == "FINISHED":
+            continue  # evaluated by an earlier invocation
+        study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
+        complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        if not complete:
+            tracker.fail(run_id, "all trials failed")
+            continue
+        winner = max(complete, key=lambda t: t.value)
+        child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
+        spec = apply_params(cell.spec, winner.params)
+        init_ray(ray_address)
+        try:
+            jobs = submit_evaluations(spec, targets(spec, _zero_shot(sweep)), child.data.tags[schema.CHECKPOINT_TAG],
+                                      child.data.metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
+        except BaseException as exc:
+            tracker.fail(run_id, "evaluation", exc)
+            raise
+        pending.append((cell, run_id, winner, complete, child, jobs))
+    if pending:
+        log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[-1]) for p in pending))
+    with _noise_to(None if verbose else paths.log_file):
+        for cell, run_id, winner, complete, child, jobs in pending:
+            try:
+                for job in jobs:
+                    log_target(tracker, run_id, job.result(), run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
+            except BaseException as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
+                tracker.fail(run_id, "evaluation", exc)
+                raise
+            tracker.log_metrics(run_id, {schema.BEST_OBJECTIVE: winner.value, schema.TRIALS_COMPLETE: len(complete)})
+            tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params)})
+            tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})
+            tracker.finish(run_id, "FINISHED")
+            test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
+            log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),
+                     winner.number, winner.value, test)
+
+
+def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict:
+    """Progress from MLflow (runs) and Optuna (trials left): nothing is started."""
+    plan = dry_run_report(sweep, sweep_paths(sweep, storage_root))
+    experiment = tracker.client.get_experiment_by_name(sweep.name)
+    runs = tracker.client.search_runs([experiment.experiment_id], max_results=50_000) if experiment else []
+    cells = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.CELL]
+    trials = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.TRIAL]
+    by_status = lambda rs, s: [r for r in rs if r.info.status == s]  # noqa: E731
+    running_cells = {r.data.tags.get(schema.CELL_TAG) for r in by_status(trials, "RUNNING")}
+    scored = [r for r in trials if schema.BEST_OBJECTIVE in r.data.metrics]
+    best = max(scored, key=lambda r: r.data.metrics[schema.BEST_OBJECTIVE], default=None)
+    walls = [r.data.metrics[schema.TIME_TRIAL] for r in trials if schema.TIME_TRIAL in r.data.metrics]
+    mean_wall = sum(walls) / len(walls) if walls else None
+    parallel = max(1, len(by_status(trials, "RUNNING")))
+    return {
+        "sweep": sweep.name,
+        "cells": plan["runnable_cells"],
+        "cells_done": len(by_status(cells, "FINISHED")),
+        "cells_failed": len(by_status(cells, "FAILED")),
+        "cells_running": len(running_cells),
+        "cells_pending": plan["runnable_cells"] - len(by_status(cells, "FINISHED")) - len(by_status(cells, "FAILED")) - len(running_cells),
+        "trials_finished": len(by_status(trials, "FINISHED")),
+        "trials_failed": len(by_status(trials, "FAILED")),
+        "trials_running": len(by_status(trials, "RUNNING")),
+        "trials_to_run": plan["trials_to_run"],
+        "best": {"cell": best.data.tags.get(schema.CELL_TAG),
+                 "axes": "/".join(best.data.tags.get(k, "") for k in ("model", "loss", "augmentation", "size")),
+                 "value": best.data.metrics[schema.BEST_OBJECTIVE]} if best else None,
+        "mean_trial_seconds": mean_wall,
+        "eta_seconds": mean_wall * plan["trials_to_run"] / parallel if mean_wall is not None else None,
+        "failed_trials": [f"{r.info.run_name} ({r.data.tags.get(schema.CELL_TAG)}): {r.data.tags.get(schema.FAILURE_TAG, '?')} "
+                          f"{r.data.tags.get(schema.ERROR_TAG, '')}".strip() for r in by_status(trials, "FAILED")],
+    }

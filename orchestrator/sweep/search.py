@@ -1,0 +1,134 @@
+"""One Optuna study per cell (TPE, seeded, durable SQLite storage), served to Ray Tune.
+
+Design (README, "Sweeps"): a single Tune run holds every cell's trials in one scheduling
+pool, so the cluster stays packed; :class:`CellStudiesSearcher` picks the next cell that
+still needs trials and asks *that cell's* study (ask-and-tell, define-by-run, so each cell
+samples only the hyper-parameters its loss and augmentation have). The Optuna storage is
+the restore point: a COMPLETE trial is never run again; a trial left RUNNING by a killed
+driver is re-asked with the same parameters and the same Ray Train run name, so it resumes
+from its last epoch checkpoint.
+"""
+
+from __future__ import annotations
+
+import optuna
+from ray.tune.search import Searcher
+
+from orchestrator.core.schema import OBJECTIVE
+from orchestrator.sweep.grid import Cell, Choices, FloatRange, SearchSpec
+from workloads.spec import LOSS_HYPERPARAMETERS, TrialSpec
+
+COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
+TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
+FAILURE = "failure"          # user attr: why a trial failed (error, oom)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def sample(trial: optuna.Trial, cell: Cell, search: SearchSpec) -> dict[str, float | int]:
+    params: dict[str, float | int] = {}
+    for name in cell.searched:
+        space = getattr(search, name)
+        if isinstance(space, FloatRange):
+            params[name] = trial.suggest_float(name, space.low, space.high, log=space.log)
+        elif isinstance(space, Choices):
+            params[name] = trial.suggest_categorical(name, space.choices)
+    return params
+
+
+def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
+    """The cell's spec with one sample of its search space applied."""
+    data = spec.model_dump(mode="json")
+    for name, value in params.items():
+        if name == "learning_rate":
+            data["optimization"]["learning_rate"] = value
+        elif name in LOSS_HYPERPARAMETERS:
+            data["loss"][name] = value
+        elif name == "k":
+            data["augmentation"]["k"] = value
+        else:
+            raise ValueError(f"unknown searched parameter '{name}'")
+    return TrialSpec.model_validate(data)
+
+
+def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study:
+    # Seeded per cell so two cells do not sample the same sequence.
+    seed = (search.sampler_seed * 1_000_003 + int(cell.key.removeprefix("cell-")[:8], 16)) % 2**31
+    return optuna.create_study(study_name=cell.key, storage=storage_url, direction="maximize",
+                               sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell)),
+                               load_if_exists=True)
+
+
+def finished_trials(study: optuna.Study) -> int:
+    """Trials that used up one of the cell's slots: COMPLETE, or FAIL after their retries."""
+    states = optuna.trial.TrialState
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if t.state == states.COMPLETE or (t.state == states.FAIL and t.user_attrs.get(COUNTED)))
+
+
+def running_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+
+
+def requeue_interrupted(study: optuna.Study) -> int:
+    """Trials a killed driver left RUNNING: fail them (uncounted) and enqueue their params
+    again, carrying their Train run name so the retry resumes from their checkpoints."""
+    requeued = 0
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={TRAIN_RUN: trial.user_attrs.get(TRAIN_RUN)}, skip_if_exists=False)
+        requeued += 1
+    return requeued
+
+
+class CellStudiesSearcher(Searcher):
+    """A Tune searcher that serves every cell's own Optuna study, round-robin."""
+
+    def __init__(self, cells: list[Cell], search: SearchSpec, storage_url: str, metric: str = OBJECTIVE):
+        super().__init__(metric=metric, mode="max")
+        self.cells = [c for c in cells if c.spec is not None]
+        self.search = search
+        self.studies = {c.key: open_study(storage_url, c, search) for c in self.cells}
+        self.live: dict[str, tuple[str, optuna.Trial]] = {}  # tune trial id -> (cell key, asked Optuna trial)
+        self.best_seen: dict[str, float] = {}       # tune trial id -> best objective so far
+        self.extra_config: dict = {}                # run-time fields every trial gets (storage path)
+        self._next = 0
+
+    def remaining(self) -> int:
+        return sum(max(0, self.search.trials_per_cell - finished_trials(s) - running_trials(s)) for s in self.studies.values())
+
+    def suggest(self, trial_id: str):
+        for offset in range(len(self.cells)):
+            cell = self.cells[(self._next + offset) % len(self.cells)]
+            study = self.studies[cell.key]
+            if finished_trials(study) + running_trials(study) >= self.search.trials_per_cell:
+                continue
+            # ask() hands out enqueued (interrupted, WAITING) trials first
+            self._next = (self._next + offset + 1) % len(self.cells)
+            trial = study.ask()
+            params = sample(trial, cell, self.search)
+            train_run = trial.user_attrs.get(TRAIN_RUN) or f"{cell.key}-t{trial.number}"
+            trial.set_user_attr(TRAIN_RUN, train_run)
+            self.live[trial_id] = (cell.key, trial)
+            spec = apply_params(cell.spec, params)
+            return {"cell": cell.key, "optuna_trial": trial.number, "train_run": train_run, "params": params,
+                    "spec": spec.model_dump(mode="json"), **self.extra_config}
+        return Searcher.FINISHED if not self.live else None
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if self.metric in result:
+            self.best_seen[trial_id] = max(self.best_seen.get(trial_id, float("-inf")), result[self.metric])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id not in self.live:
+            return
+        cell_key, trial = self.live.pop(trial_id)
+        study = self.studies[cell_key]
+        failure = (result or {}).get("failure") if not error else "error"
+        best = self.best_seen.pop(trial_id, None)
+        if failure or best is None:
+            trial.set_user_attr(COUNTED, True)
+            trial.set_user_attr(FAILURE, failure or "no result")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, best)

@@ -1,0 +1,45 @@
+"""Ray execution details that a sweep's correctness depends on."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
+
+# A Tune trial runs in a working directory of its own: it must still see the driver's cache
+# and data directories, or every trial rebuilds indexes and training sets in an empty cache.
+PROBE = """
+import json, os, sys
+import ray.tune
+from orchestrator.core.execution import init_ray
+from workloads.paths import cache_dir, data_dir
+
+def trial(config):
+    ray.tune.report({"cwd": os.getcwd(), "cache": str(cache_dir()), "data": str(data_dir())})
+
+init_ray(None, num_cpus=1)
+result = ray.tune.Tuner(trial, run_config=ray.tune.RunConfig(storage_path=sys.argv[1], verbose=0)).fit()[0].metrics
+print(json.dumps({"driver_cache": str(cache_dir()), "driver_data": str(data_dir()),
+                  **{k: result[k] for k in ("cwd", "cache", "data")}}))
+"""
+
+
+def test_tune_trials_see_the_drivers_cache_and_data_dirs(tmp_path):
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "ORCHESTRATE_CACHE_DIR"}  # the default: ./.orchestrate/cache
+    env["ORCHESTRATE_DATA_DIR"] = "data"  # relative to the driver's working directory
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "ray")], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(seen["cwd"]).resolve() != work.resolve()  # Tune did move the trial elsewhere
+    assert seen["cache"] == seen["driver_cache"] == str((work / ".orchestrate" / "cache").resolve())
+    assert seen["data"] == seen["driver_data"] == str((work / "data").resolve())

@@ -1,0 +1,68 @@
+"""Offline, a dataset or model that would need a download fails at once: one line naming the
+reference and what to do, exit 2, no traceback, nothing written."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def offline_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "ORCHESTRATE_DATA_DIR": str(tmp_path / "no-data"),  # nothing local
+        "IR_DATASETS_HOME": str(tmp_path / "ir_datasets"),  # nothing downloaded before
+        "HF_HOME": str(tmp_path / "hf"),                    # an empty Hugging Face cache
+        "HF_HUB_OFFLINE": "1",
+        # a closed local port as the proxy: any download attempt is refused at once, connected or not
+        "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+    })
+    (tmp_path / "no-data").mkdir(exist_ok=True)
+    return env
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=tmp_path, env=offline_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_one_clear_line(proc: subprocess.CompletedProcess, *expected: str) -> None:
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert all(text in errors[0] for text in expected), errors[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_beir_id_not_under_the_data_dir(tmp_path):
+    proc = cli(tmp_path, "bm25", "--dataset", "beir/scifact", "--split", "test")
+    assert_one_clear_line(proc, "beir/scifact: not found locally", "ORCHESTRATE_DATA_DIR", "'scifact/'")
+    assert "[INFO]" not in proc.stderr  # ir_datasets' own retry log is held back
+    assert not (tmp_path / ".orchestrate").exists() or not any((tmp_path / ".orchestrate").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_hugging_face_id_not_in_the_cache(tmp_path, command):
+    base = {"data": {"collection": "beir/scifact"}, "optimization": {"epochs": 1}}
+    if command == "run":
+        config = {"name": "offline", **base, "model": {"name": "bert-base-uncased"}}
+    else:
+        config = {"name": "offline", "base": base, "grid": {"models": ["bert-base-uncased"], "losses": [{"ranking": "pointwise"}],
+                                                          "augmentations": [{"method": "none"}], "sizes": [100]}}
+    path = tmp_path / "offline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env_data = offline_env(tmp_path)["ORCHESTRATE_DATA_DIR"]
+    os.symlink(REPO.parent / "shared" / "data" / "scifact", Path(env_data) / "scifact")  # the data is local, the model is not
+    proc = cli(tmp_path, command, str(path), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+               "--storage", str(tmp_path / "store"))
+    assert_one_clear_line(proc, "model.name bert-base-uncased: not in the local Hugging Face cache", "HF_HUB_OFFLINE")
+    if (tmp_path / "mlflow.db").exists():  # nothing tracked for a trial that could not start
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        assert [e.name for e in client.search_experiments()] == ["Default"]
+        assert not client.search_runs(["0"])

@@ -1,0 +1,69 @@
+"""Helpers of the end-to-end tests: tiny sweep and trial files, the CLI in a subprocess, MLflow look-ups."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1,
+               interpolation: str = "none", test_collection: str | None = None) -> Path:
+    config = {
+        "name": name,
+        "base": {
+            "data": {"collection": "beir/scifact", "validation_queries": 5,
+                     **({"test_collection": test_collection} if test_collection else {})},
+            "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+            "reranking": {"interpolation": interpolation},
+            "optimization": {"epochs": epochs, "batch_size": 8},
+            "resources": {"workers": 1, "cpus_per_worker": 1},
+        },
+        "grid": {"models": [str(model_dir)], "max_length": 64, "losses": losses,
+                 "augmentations": [{"method": "bm25", "k": 2}], "sizes": [16]},
+        "search": {"trials_per_cell": 2, "learning_rate": {"low": 1e-4, "high": 1e-3, "log": True},
+                   "lambda": {"low": 0.1, "high": 0.9}, "tau": {"low": 0.05, "high": 0.5, "log": True},
+                   "contrastive_margin": {"low": 0.2, "high": 1.0}, "k": {"choices": [1, 2]}},
+        "max_failures": 1,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def orchestrate(work: Path, *args, background=False, fail_cells: tuple[str, ...] = ()):
+    cmd = [sys.executable, "-m", "orchestrator.cli", *args]
+    env = dict(os.environ)
+    if fail_cells:  # the test hook: trials of these cells raise on purpose
+        env["ORCHESTRATE_TEST_FAIL_CELLS"] = ",".join(fail_cells)
+    if background:
+        return subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                                stderr=open(work / "background.err", "w"), start_new_session=True)
+    return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
+
+
+def mlflow_runs(uri: str, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    return client, (client.search_runs([found.experiment_id], max_results=1000) if found else [])
+
+
+def by_kind(runs, kind):
+    return [r for r in runs if r.data.tags.get("rerank_lab.kind") == kind]
+
+
+HELD_OUT_QUERIES = 30
+
+
+def held_out_scifact(root: Path, scifact_dir: Path) -> Path:
+    """A held-out copy of SciFact: the same corpus (linked, not copied), only the first 30 test queries."""
+    path = root / "scifact-heldout"
+    (path / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl.gz", "queries.jsonl"):
+        (path / name).symlink_to(scifact_dir / name)
+    lines = (scifact_dir / "qrels" / "test.tsv").read_text().splitlines()
+    kept = sorted({line.split()[0] for line in lines[1:]})[:HELD_OUT_QUERIES]
+    (path / "qrels" / "test.tsv").write_text("\n".join([lines[0]] + [line for line in lines[1:] if line.split()[0] in kept]) + "\n")
+    return path

@@ -1,0 +1,100 @@
+"""cluster.yaml is a valid Ray cluster config (Ray's own schema), and a sweep runs on a real
+two-node Ray cluster started on this machine."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cluster_yaml_validates_against_rays_schema():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    # Ray fills the provider defaults, then checks the schema (as `ray up` does)
+    validate_config(prepare_config(config))
+    gpu = config["available_node_types"]["gpu_worker"]
+    assert gpu["min_workers"] == 0 and gpu["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert any("pip install" in c and "-e" in c for c in config["setup_commands"])
+    assert any("mlflow server" in c for c in config["head_setup_commands"])
+
+
+def test_cluster_yaml_with_a_typo_is_rejected():
+    import jsonschema
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    config["available_node_types"]["gpu_worker"]["min_worker"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        validate_config(prepare_config(config))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def two_node_cluster(tmp_path, monkeypatch):
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    port = free_port()
+    # Ray 2.59+ enables token authentication for clusters started by `ray start`; this one
+    # listens on loopback only, so the head, the worker and the drivers run without it.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    head = subprocess.run(ray + ["start", "--head", f"--port={port}", "--num-cpus=1", "--dashboard-host=127.0.0.1",
+                                 "--dashboard-port", str(free_port()), "--disable-usage-stats"], capture_output=True, text=True, env=env)
+    assert head.returncode == 0, head.stderr[-2000:]
+    address = f"127.0.0.1:{port}"
+    try:
+        worker = subprocess.run(ray + ["start", f"--address={address}", "--num-cpus=1"], capture_output=True, text=True, env=env)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        yield address
+    finally:
+        stop_cluster(port)
+
+
+def stop_cluster(port: int) -> None:
+    """Kill only this cluster's processes (`ray stop` would stop every Ray on the machine)."""
+    import psutil
+
+    marker = f"127.0.0.1:{port}"
+    mine = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if marker in cmdline or f"--gcs_server_port={port}" in cmdline:
+            mine.append(process)
+    for process in mine:
+        process.kill()
+    psutil.wait_procs(mine, timeout=30)
+
+
+def test_tiny_sweep_on_a_two_node_cluster(two_node_cluster, tmp_path, tiny_model_dir, scifact_dir):
+    import ray
+
+    ray.init(address=two_node_cluster)
+    try:
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+    finally:
+        ray.shutdown()
+    from tests.helpers import mlflow_runs, sweep_yaml
+
+    spec = sweep_yaml(tmp_path / "cluster.yaml", tiny_model_dir, "tiny-cluster", [{"ranking": "pointwise", "contrastive": "scl"}])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--json", "--address", two_node_cluster,
+                           "--storage", str(tmp_path / "store"), "--tracking-uri", uri],
+                          capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ), timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["trials_to_run"] == 0
+    _, runs = mlflow_runs(uri, "tiny-cluster")
+    assert len(runs) == 7 and all(r.info.status == "FINISHED" for r in runs)

@@ -1,0 +1,205 @@
+"""`orchestrate sweep` end to end with a tiny random BERT on real SciFact data: exact MLflow
+run counts, retries then failure of a raising trial, status, idempotent reruns, resume
+after SIGKILL, and the doc19 dry run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import HELD_OUT_QUERIES, by_kind, mlflow_runs, orchestrate, sweep_yaml
+
+pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_counts_before_running(failing_sweep):
+    *_, plan, _ = failing_sweep
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["mlflow_runs_planned"]) == (3, 1, 6, 10)
+    assert plan["trials_done"] == 0
+    searched = {c["loss"]: set(c["searched"]) for c in plan["cells_detail"]}
+    assert searched["pointwise"] == {"learning_rate"}  # conditional spaces: tau only where the loss has it
+    assert searched["pointwise+scl"] == {"learning_rate", "lambda_", "tau", "k"}
+    assert searched["pointwise+ctriplet"] == {"learning_rate", "lambda_", "contrastive_margin", "k"}
+
+
+def test_exact_runs_tags_and_metrics(failing_sweep):
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    client, runs = mlflow_runs(uri, "tiny-fail")
+    cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
+    assert len(cells) == 3 and len(trials) == 6 and len(by_kind(runs, "sweep")) == 1
+    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 10  # no duplicates
+    root = by_kind(runs, "sweep")[0].info.run_id
+    assert all(cell.data.tags["mlflow.parentRunId"] == root for cell in cells)
+    parents = {r.info.run_id: r for r in cells}
+    axes = ("model", "loss", "augmentation", "size", "seed", "collection")
+    for trial in trials:
+        cell = parents[trial.data.tags["mlflow.parentRunId"]]
+        # one vocabulary: a trial run carries exactly its cell run's axis tags (searched k_a is a param)
+        assert {a: trial.data.tags[a] for a in axes} == {a: cell.data.tags[a] for a in axes}
+        assert trial.data.tags["rerank_lab.cell"] == cell.data.tags["rerank_lab.cell"]
+    finished = [t for t in trials if t.info.status == "FINISHED"]
+    assert len(finished) == 4
+    for trial in finished:
+        assert "best_val_ndcg_at_10" in trial.data.metrics and trial.data.metrics["time_overhead_seconds"] > 0
+        assert trial.data.metrics["time_trial_seconds"] >= trial.data.metrics["time_train_wall_seconds"] > 0
+        assert len(client.get_metric_history(trial.info.run_id, "val_ndcg_at_10")) == 1  # one epoch, logged once
+    winners = [c for c in cells if c.info.status == "FINISHED"]
+    assert len(winners) == 2
+    # the winners are tested on data.test_collection (the held-out copy), not on the training collection
+    from workloads.collections import resolve_collection
+    from workloads.evaluation import evaluate
+    from workloads.retrieval.bm25 import retrieve
+
+    held_out = resolve_collection(str(work / "scifact-heldout"))
+    bm25_run, _ = retrieve(held_out, held_out.split_queries("test"), k=1000)
+    bm25_held_out = evaluate(bm25_run, held_out.split_qrels("test"), held_out.relevance_level).aggregate["ndcg_at_10"]
+    assert bm25_held_out != pytest.approx(0.6789, abs=0.002)
+    for cell in winners:
+        assert 0 <= cell.data.metrics["test_ndcg_at_10"] <= 1 and "rerank_lab.winner" in cell.data.tags
+        assert cell.data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(bm25_held_out, abs=1e-9)
+        per_query = json.loads(Path(client.download_artifacts(cell.info.run_id, "per_query/test.json")).read_text())
+        assert per_query["num_queries"] == HELD_OUT_QUERIES
+        # logged by the lifecycle like `orchestrate run`: BM25 and the cross-encoder alone per query, both TREC runs
+        artifacts = {a.path for a in client.list_artifacts(cell.info.run_id, "per_query")}
+        assert {"per_query/bm25_test.json", "per_query/test_cross_encoder.json"} <= artifacts
+        assert {a.path for a in client.list_artifacts(cell.info.run_id, "runs")} == {"runs/test.reranked.trec", "runs/test.bm25.trec"}
+        assert "bm25_val_ndcg_at_10" in cell.data.metrics
+        # interpolation: the winner is tested with the weight tuned on validation at its best epoch
+        winner = client.get_run(cell.data.tags["rerank_lab.winner"])
+        assert cell.data.metrics["test_interpolation_weight"] == winner.data.metrics["best_val_interpolation_weight"]
+        history = client.get_metric_history(winner.info.run_id, "val_interpolation_weight")
+        assert [m.value for m in history] == [winner.data.metrics["best_val_interpolation_weight"]]  # one epoch
+
+
+def test_trials_reuse_the_data_the_driver_prepared(failing_sweep):
+    work, *_ = failing_sweep
+    log = (work / "first.err").read_text().splitlines()
+    driver = [line for line in log if line.startswith("[augment]")]  # the session's cache may hold them already
+    for k in (1, 2):  # every searched k_a is built (or found) by the driver
+        assert any(f"bm25 k_a={k}" in line or f"-bm25-k{k}-" in line for line in driver), driver
+    # the trials' own output (and Ray's) went to the sweep's log file, not to the terminal
+    assert not any("_sweep_trial" in line for line in log)
+    trial_lines = [line for line in (work / "store" / "tiny-fail" / "sweep.log").read_text().splitlines()
+                   if "_sweep_trial" in line]
+    assert any("[augment] reusing" in line for line in trial_lines)
+    assert not any("[augment] bm25 k_a=" in line or "[bm25] indexed" in line for line in trial_lines)
+
+
+def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_sweep):
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    attempts = Counter((work / "store" / "tiny-fail" / "ray" / "failed_attempts.log").read_text().split())
+    assert len(attempts) == 2 and set(attempts.values()) == {2}  # max_failures 1: one retry each
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    failed = [r for r in by_kind(runs, "trial") if r.info.status == "FAILED"]
+    assert {r.data.tags["rerank_lab.cell"] for r in failed} == {failing}
+    assert all(r.data.tags["failure"] == "error" for r in failed)
+    failed_cell = [r for r in by_kind(runs, "cell") if r.info.status == "FAILED"]
+    assert [r.data.tags["rerank_lab.cell"] for r in failed_cell] == [failing]
+    status = orchestrate(work, "status", str(spec), "--json", *common)
+    data = json.loads(status.stdout)
+    assert (data["cells_done"], data["cells_failed"], data["trials_finished"], data["trials_failed"]) == (2, 1, 4, 2)
+    assert len(data["failed_trials"]) == 2 and data["best"] is not None
+
+
+def test_rerun_of_a_finished_sweep_creates_nothing(failing_sweep):
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    again = orchestrate(work, "sweep", str(spec), "--json", *common, fail_cells=(failing,))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["trials_to_run"] == 0
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    assert len(runs) == 10
+
+
+def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tiny_model_dir, scifact_dir):
+    spec = sweep_yaml(tmp_path / "kill.yaml", tiny_model_dir, "tiny-kill", [{"ranking": "pointwise", "contrastive": "scl"}], epochs=2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
+    mlflow_runs(uri, "tiny-kill")  # create the store first: two processes migrating a new SQLite DB collide
+    driver = orchestrate(tmp_path, "sweep", str(spec), *common, background=True)
+    deadline = time.time() + 900
+    finished_before = []
+    while time.time() < deadline and driver.poll() is None:
+        time.sleep(3)
+        _, runs = mlflow_runs(uri, "tiny-kill")
+        finished_before = [r for r in by_kind(runs, "trial") if r.info.status == "FINISHED"]
+        if finished_before:
+            break
+    assert driver.poll() is None, "the sweep ended before it could be killed"
+    assert finished_before, (tmp_path / "background.err").read_text()[-3000:]
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started: a crash, not a shutdown
+    driver.wait()
+    done_keys = {r.data.tags["rerank_lab.trial_key"] for r in finished_before}
+
+    rerun = orchestrate(tmp_path, "sweep", str(spec), "--json", *common)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads(rerun.stdout)["trials_to_run"] == 0
+    client, runs = mlflow_runs(uri, "tiny-kill")
+    cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
+    assert len(cells) == 2 and len(trials) == 4 and len(by_kind(runs, "sweep")) == 1
+    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 7
+    unfinished = [(r.data.tags.get("rerank_lab.kind"), r.info.status, r.data.tags.get("failure"), r.data.tags.get("error"))
+                  for r in runs if r.info.status != "FINISHED"]
+    assert not unfinished, (unfinished, rerun.stderr[-3000:])
+    for trial in trials:
+        history = client.get_metric_history(trial.info.run_id, "epoch_train_seconds")
+        if trial.data.tags["rerank_lab.trial_key"] in done_keys:  # finished before the kill: not retrained
+            assert sorted(m.step for m in history) == [1, 2]
+    import optuna
+
+    for cell in cells:
+        study = optuna.load_study(study_name=cell.data.tags["rerank_lab.cell"],
+                                  storage=f"sqlite:///{tmp_path / 'store' / 'tiny-kill' / 'optuna.db'}")
+        assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == 2
+
+
+def test_doc19_dry_run_counts():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
+                           "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True,
+                          cwd=REPO, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    # 3 models x 5 sizes x (1 baseline + 4 losses x 4 augmentations) = 255 cells, x 4 trials = 1,020 trial runs
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"]) == (255, 15, 1020)
+    assert plan["unavailable_cells"] == 120  # attention and linear selectors have no workload yet
+    assert set(plan["unavailable_reasons"]) == {"augmentation 'attention' has no workload yet",
+                                                 "augmentation 'linear' has no workload yet"}
+    human = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
+                            "--dry-run", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True, cwd=REPO)
+    assert "255 cells" in human.stdout and "1020 trial runs" in human.stdout
+
+
+def test_demo_sweep_loads():
+    from orchestrator.cli import _load_sweep
+    from orchestrator.sweep.grid import expand_grid
+
+    cells = expand_grid(_load_sweep(str(REPO / "search_spaces" / "demo.yaml")))
+    assert len(cells) == 10 and all(c.spec is not None for c in cells)
+
+
+def test_report_of_the_finished_sweep(failing_sweep):
+    """The report on a real sweep: per-query artifacts as the sweep wrote them, the failed cell shown as failed."""
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    proc = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import csv
+    import io
+
+    rows = {r["column"]: r for r in csv.DictReader(io.StringIO(proc.stdout))}
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    finished = {(r.data.tags["loss"], r.data.tags["augmentation"]): r for r in by_kind(runs, "cell") if r.info.status == "FINISHED"}
+    baseline = finished[("pointwise", "none")].data.metrics["test_ndcg_at_10"]
+    assert float(rows["baseline"]["value"]) == pytest.approx(baseline, abs=1e-12)
+    scl = finished[("pointwise+scl", "bm25")].data.metrics["test_ndcg_at_10"]
+    assert float(rows["bm25 / pointwise+scl"]["value"]) == pytest.approx(scl, abs=1e-12)
+    assert rows["bm25 / pointwise+ctriplet"]["status"] == "failed" and rows["bm25 / pointwise+ctriplet"]["value"] == ""
+    assert len(list((work / "reports" / "tiny-fail").glob("*.png"))) == 2
+    markdown = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--no-plots")
+    assert "nDCG@10 on scifact-heldout" in markdown.stdout  # labelled with the collection it was measured on
