@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             fused = test.weight is not None
             model_label = f"model (w = {test.weight:.2f})" if fused else "model"
             rows = [("validation  BM25", r["validation"]["bm25"]), (f"validation  {model_label}", r["validation"]["model"])]
-            rows += [("validation  cross-encoder", r["validation"]["cross_encoder"])] if fused else []
+            rows += [("validation  cross-encoder", r["validation"].get("cross_encoder", {}))] if fused else []
             rows += [("test        BM25", r["test"]["bm25"]), (f"test        {model_label}", r["test"]["model"])]
             rows += [("test        cross-encoder", r["test"]["cross_encoder"])] if fused else []
             how = "tuned on validation" if spec.reranking.interpolation == "tuned" else "fixed"

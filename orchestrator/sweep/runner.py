@@ -384,7 +384,8 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     display = SweepProgress(sweep.name, {c.key: finished_trials(searcher.studies[c.key]) for c in cells},
                             sweep.search.trials_per_cell, enabled=not verbose)
     if remaining:
-        init_ray(ray_address)
+        with _noise_to(None if verbose else paths.log_file):  # Ray's start-up lines too
+            init_ray(ray_address)
         concurrent = _max_concurrent(sweep, cells)
         log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
                  "" if verbose else f"; Ray's own output goes to {paths.log_file}")
@@ -433,7 +434,8 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         winner = max(complete, key=lambda t: t.value)
         child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
         spec = apply_params(cell.spec, winner.params)
-        init_ray(ray_address)
+        with _noise_to(None if verbose else paths.log_file):
+            init_ray(ray_address)
         try:
             jobs = submit_evaluations(spec, targets(spec, _zero_shot(sweep)), child.data.tags[schema.CHECKPOINT_TAG],
                                       child.data.metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
