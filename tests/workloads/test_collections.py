@@ -159,7 +159,7 @@ def test_overlapping_splits_of_one_collection_are_refused_before_anything_is_com
     (root / "qrels" / "dev.tsv").write_text("q3\td1\t1\n")
     monkeypatch.setattr(trial, "retrieve", lambda *a, **k: pytest.fail("computed something before the guard"))
     spec = TrialSpec.model_validate({"name": "t", "data": {"collection": str(root), "validation_split": "dev"},
-                                     "model": {"name": "x"}})
+                                     "model": {"name": "minilm-l6"}})
     with pytest.raises(InputError, match=r"overlap: train and test queries overlap: 1 shared \(e.g. 'q1'\)"):
         trial.prepare_trial(spec)
     (root / "qrels" / "dev.tsv").write_text("q2\td1\t1\n")
@@ -182,7 +182,7 @@ def test_cli_guards_are_one_line_exit_2(tmp_path, case):
         data["validation_split"] = "test2"
         (root / "qrels" / "test2.tsv").write_text("q1\td1\t1\n")
     config = tmp_path / "trial.yaml"
-    config.write_text(yaml.safe_dump({"name": "t", "data": data, "model": {"name": "x"}}))
+    config.write_text(yaml.safe_dump({"name": "t", "data": data, "model": {"name": "minilm-l6"}}))
     proc = run_cli("run", str(config), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--storage", str(tmp_path / "s"))
     expected = {"split": "validation_split and test_split are both 'test'", "collection_yaml": "relevance_level must be",
                 "overlap": "queries overlap"}[case]
