@@ -277,14 +277,17 @@ def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStu
     Returns how many were closed."""
     import optuna
 
+    # one query for every open trial run, not one per Optuna trial (a grid has thousands)
+    open_runs = {r.data.tags.get(schema.TRIAL_KEY_TAG): r for r in tracker.runs_of_kind(experiment_id, schema.TRIAL)
+                 if r.info.status == "RUNNING"}
     closed = 0
     for cell_key, study in searcher.studies.items():
         for trial in study.get_trials(deepcopy=False):
             done = trial.state == optuna.trial.TrialState.COMPLETE
             if not (done or (trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get(COUNTED))):
                 continue
-            run = tracker.find_run(experiment_id, f"{cell_key}/{trial.user_attrs.get(TRAIN_RUN)}")
-            if run is None or run.info.status != "RUNNING":
+            run = open_runs.get(f"{cell_key}/{trial.user_attrs.get(TRAIN_RUN)}")
+            if run is None:
                 continue
             if done:
                 if schema.BEST_OBJECTIVE not in run.data.metrics:
