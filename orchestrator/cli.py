@@ -169,12 +169,19 @@ def _load_sweep(path: str):
 def _print_plan(report: dict) -> None:
     emit(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
           f"{report['trials_per_cell']} trials per cell -> {report['trials_planned']} trial runs, "
-          f"{report['mlflow_runs_planned']} MLflow runs (sweep + cells + trials)")
+          f"{report['mlflow_runs_planned']} MLflow runs (sweep + cells + trials"
+          f"{' + selectors' if report['selectors'] else ''})")
     if report["unavailable_cells"]:
         reasons = "; ".join(f"{n} cells: {why}" for why, n in report["unavailable_reasons"].items())
         emit(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
     emit(f"runnable now: {report['runnable_cells']} cells, {report['trials_runnable']} trials; "
           f"done {report['trials_done']}, to run {report['trials_to_run']}")
+    if report["selectors"]:
+        emit(f"selectors: {len(report['selectors'])} (trained once each, before the cells that use them; "
+             f"{report['selectors_to_train']} to train)")
+        for s in report["selectors"]:
+            emit(f"  {s['name']:<28}{s['method']:<11}{s['model'][:25]:<26}{s['size']:>7} pairs (data: {s['data']}, "
+                 f"k {s['k']})  {s['cells']} cells  {'trained' if s['trained'] else 'to train'}")
     header = f"{'cell':<22}{'model':<26}{'loss':<22}{'augmentation':<13}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}  searched / status"
     emit(header)
     for c in report["cells_detail"]:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workloads.augmentation.scorers import SCORERS
+from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS
 from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, loss_parameters
 
 FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
@@ -144,6 +144,50 @@ LOSS_HYPERPARAMETERS = tuple(f for f in LossSpec.model_fields if f not in ("rank
 AugmentationMethod = Literal[("none", *SCORERS)]  # type: ignore[valid-type]  # the scorer registry's names
 
 
+class SelectorSpec(_Strict):
+    """A supervised sentence selector (AUG eq. 8-16) and how it is trained (select-and-rank,
+    Leonhardt et al.; ``../shared/docs/SELECTORS.md``). Defaults are the reference
+    implementation's; ``k`` must stay well below a document's sentence count."""
+
+    k: int = Field(default=20, ge=1, description="sentences the selector picks for the ranker while it trains (relaxed top-k)")
+    tau: float = Field(default=1.0, gt=0, description="temperature of the relaxed top-k")
+    data: Literal["cell", "full"] = Field(
+        default="cell", description="cell: the same N pairs as the ranker (fair for sample-efficiency claims); full: every "
+                                    "training query (AUG's likely choice; leaks more labels into small cells)")
+    embeddings: Literal["model", "glove"] = Field(
+        default="model", description="model: the ranker's word-piece input embeddings, shared and trained; glove: a GloVe file")
+    glove_path: str | None = Field(default=None, description="GloVe text file for embeddings: glove")
+    glove_trainable: bool = False
+    dimension: int = Field(default=256, ge=1, description="linear: output of the affine map; attention: LSTM units per direction")
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+    loss: Literal["pointwise", "pairwise"] = Field(default="pointwise", description="pointwise BCE, or the pairwise hinge")
+    margin: float = Field(default=0.2, gt=0, description="pairwise hinge margin")
+    learning_rate: float = Field(default=3e-5, gt=0, lt=1)
+    selector_learning_rate: float | None = Field(
+        default=None, gt=0, lt=1, description="the selector's own parameters (trained from scratch; the shared embeddings "
+                                              "follow learning_rate); default: learning_rate, as the reference")
+    warmup_steps: int = Field(default=1_000, ge=0, description="linear warm-up, then constant")
+    batch_size: int = Field(default=16, ge=2, description="pairs per step (whole triples: even)")
+    epochs: int = Field(default=50, ge=1, description="at most; early stopping on validation")
+    patience: int = Field(default=3, ge=1, description="epochs without a better validation nDCG@10 before stopping")
+    max_sentences: int = Field(default=500, ge=1)
+    max_document_tokens: int = Field(default=5_000, ge=1)
+    max_query_tokens: int = Field(default=50, ge=1)
+    eval_batch_size: int = Field(default=32, ge=1)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> SelectorSpec:
+        if self.embeddings == "glove" and not self.glove_path:
+            raise ValueError("embeddings 'glove' needs glove_path (e.g. glove/glove.6B.50d.top100k.txt.gz)")
+        if self.embeddings != "glove" and (self.glove_path or self.glove_trainable):
+            raise ValueError("glove_path and glove_trainable need embeddings: glove")
+        if self.loss != "pairwise" and self.margin != 0.2:
+            raise ValueError("margin has no effect with loss 'pointwise'")
+        if self.batch_size % 2:
+            raise ValueError(f"batch_size holds whole (positive, negative) triples: must be even, got {self.batch_size}")
+        return self
+
+
 class AugmentationSpec(_Strict):
     """AUG Algorithm 1: each (q, d+, d-) gains (q, d+_a, d-_a); the batch doubles."""
 
@@ -157,8 +201,20 @@ class AugmentationSpec(_Strict):
         description="epoch: d-_a (and the random scorer's sentences) drawn anew every epoch, seeded (AUG Algorithm 1 "
                     "draws per batch); once: one draw for all epochs")
 
+    selector: SelectorSpec | None = Field(
+        default=None, description="linear/attention: the selector and its training (defaults when left out)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _supervised_default(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("method") in SUPERVISED_METHODS and data.get("selector") is None:
+            return {**data, "selector": {}}
+        return data
+
     @model_validator(mode="after")
     def _glove_needs_vectors(self) -> AugmentationSpec:
+        if self.selector is not None and self.method not in SUPERVISED_METHODS:
+            raise ValueError(f"selector has no effect with method '{self.method}' (only {', '.join(SUPERVISED_METHODS)})")
         if self.method == "glove" and not self.glove_path:
             raise ValueError("method 'glove' needs glove_path (e.g. glove/glove.6B.50d.top100k.txt.gz)")
         if self.method != "glove" and self.glove_path:

@@ -61,6 +61,28 @@ def require_disjoint(collection: Collection, query_sets: dict[str, object]) -> N
                                                   f"(e.g. '{shared[0]}'); a split must be held out")
 
 
+class SelectorNotTrained(InputError):
+    """A trial augments with a supervised selector that is not trained yet."""
+
+
+def required_selector(spec: TrialSpec) -> Path | None:
+    """The trained selector a supervised augmentation needs (None for the other methods).
+
+    Training it is the orchestrator's job (``orchestrate run`` and ``sweep`` train it first,
+    tracked as its own run); :func:`run_trial_in_process` trains it in-process."""
+    from workloads.augmentation.scorers import SUPERVISED_METHODS
+    from workloads.selectors.spec import selector_dir, selector_trial, trained_selector
+
+    if spec.augmentation.method not in SUPERVISED_METHODS:
+        return None
+    selector = selector_trial(spec)
+    path = trained_selector(selector)
+    if path is None:
+        raise SelectorNotTrained(spec.name, f"its {selector.method} selector is not trained yet ({selector_dir(selector)}): "
+                                            "`orchestrate run` and `orchestrate sweep` train it first")
+    return path
+
+
 def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     """Everything a trial's workers read, computed once and cached by content."""
     fs = spec.first_stage
@@ -93,7 +115,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     augmentation_stats: dict[str, int] = {}
     if spec.augmentation.method != "none":
         augmentations = build_augmentation_sets(collection, spec.data.train_split, training_set, spec.augmentation,
-                                                spec.optimization.epochs)
+                                                spec.optimization.epochs, selector=required_selector(spec))
         # rows whose document has no sentence get no augmented pair (counted, epoch 1's draw)
         augmentation_stats["augmentation_rows_without_sentences"] = pq.read_table(
             augmentations[0], columns=["augmented_positive"]).column(0).null_count
@@ -172,7 +194,17 @@ class EpochRecord:
 
 
 def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[PreparedTrial, list[EpochRecord], Reranking]:
-    """Prepare, train on one process and test the best epoch: the trial without Ray."""
+    """Prepare, train on one process and test the best epoch: the trial without Ray (a
+    supervised augmentation's selector is trained first, in-process, if it is not yet)."""
+    from workloads.augmentation.scorers import SUPERVISED_METHODS
+
+    if spec.augmentation.method in SUPERVISED_METHODS:
+        from workloads.selectors.spec import selector_trial, trained_selector
+        from workloads.selectors.training import train_selector_in_process
+
+        selector = selector_trial(spec)
+        if trained_selector(selector) is None:
+            train_selector_in_process(selector, checkpoint_root / "selector")
     prepared = prepare_trial(spec)
     records: list[EpochRecord] = []
 

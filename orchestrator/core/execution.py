@@ -17,7 +17,6 @@ from workloads.logs import LEVEL_ENV
 from workloads.logs import configure as configure_logging
 from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
 from workloads.spec import TrialSpec
-from workloads.training import TrainingInputs
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -91,11 +90,12 @@ def _train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    from workloads.training import train_cross_encoder
+    from workloads.kinds import TRIAL_KINDS
 
     configure_logging()  # the driver's level, from the environment
-    spec = TrialSpec.model_validate(config["spec"])
-    inputs = TrainingInputs(**config["inputs"])
+    kind = TRIAL_KINDS[config["kind"]]
+    spec = kind.spec.model_validate(config["spec"])
+    inputs = kind.inputs(**config["inputs"])
 
     def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         if checkpoint_dir is None:
@@ -108,22 +108,25 @@ def _train_loop_per_worker(config: dict) -> None:
     restored = ray.train.get_checkpoint()
     device = ray.train.torch.get_device()
     if restored is None:
-        train_cross_encoder(spec, inputs, report, device=device)
+        kind.train(spec, inputs, report, device=device)
     else:
         with restored.as_directory() as resume_from:
-            train_cross_encoder(spec, inputs, report, device=device, resume_from=Path(resume_from))
+            kind.train(spec, inputs, report, device=device, resume_from=Path(resume_from))
 
 
-def make_trainer(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str, callbacks: list | None = None):
-    """The trial's ``TorchTrainer``: ``workers`` data-parallel workers, a checkpoint per epoch."""
+def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: list | None = None):
+    """The ``TorchTrainer`` of a trial of any kind (``workloads.kinds``): ``workers``
+    data-parallel workers, a checkpoint per epoch."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    from workloads.kinds import kind_of
 
     use_gpu = _use_gpu(spec)
     resources = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
     return TorchTrainer(
         _train_loop_per_worker,
-        train_loop_config={"spec": spec.model_dump(mode="json"), "inputs": asdict(inputs)},
+        train_loop_config={"kind": kind_of(spec).name, "spec": spec.model_dump(mode="json"), "inputs": asdict(inputs)},
         scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=run_name,
@@ -140,7 +143,7 @@ def epoch_results(result) -> list[EpochResult]:
     return sorted(epochs, key=lambda e: e.metrics["epoch"])
 
 
-def train_on_ray(spec: TrialSpec, inputs: TrainingInputs, storage_path: Path, run_name: str) -> list[EpochResult]:
+def train_on_ray(spec, inputs, storage_path: Path, run_name: str) -> list[EpochResult]:
     """Fit the trial with Ray Train; returns every epoch's metrics and persisted checkpoint."""
     return epoch_results(make_trainer(spec, inputs, storage_path, run_name).fit())
 
@@ -149,18 +152,23 @@ def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str, interpolation:
     """Start re-ranking the test candidates with ``checkpoint`` as a Ray task (a GPU when the
     cluster has one); returns the ObjectRef of its ``Reranking``, so many evaluations can
     share the cluster. ``interpolation``: see ``workloads.trial.final_interpolation``."""
-    import ray
-
     from workloads.trial import evaluate_checkpoint
+
+    return submit_task(spec, evaluate_checkpoint, Path(checkpoint), prepared, spec, interpolation=interpolation)
+
+
+def submit_task(spec, function, *args, **kwargs):
+    """``function(*args, device=..., **kwargs)`` as a Ray task with the trial's resources (a GPU
+    when the cluster has one and the spec allows it); returns its ObjectRef."""
+    import ray
 
     use_gpu = _use_gpu(spec)
 
     @ray.remote(num_cpus=spec.resources.cpus_per_worker, num_gpus=1 if use_gpu else 0, max_retries=1)
-    def evaluate_task():
+    def task():
         import torch
 
         configure_logging()
-        device = torch.device("cuda") if use_gpu else torch.device("cpu")
-        return evaluate_checkpoint(Path(checkpoint), prepared, spec, device, interpolation)
+        return function(*args, device=torch.device("cuda") if use_gpu else torch.device("cpu"), **kwargs)
 
-    return evaluate_task.remote()
+    return task.remote()

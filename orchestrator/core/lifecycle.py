@@ -181,6 +181,103 @@ class TrialResult:
         return cls(run_id, reused, int(metrics.get(schema.BEST_EPOCH, 0)), validation, tests, timings)
 
 
+# ----------------------------------------------------------------------------- selectors
+
+
+def selectors_needed(specs: Sequence[TrialSpec]) -> list:
+    """The distinct selectors (``SelectorTrialSpec``) these trials augment with, in order."""
+    from workloads.augmentation.scorers import SUPERVISED_METHODS
+    from workloads.selectors.spec import selector_key, selector_trial
+
+    found: dict[str, object] = {}
+    for spec in specs:
+        if spec.augmentation.method in SUPERVISED_METHODS:
+            selector = selector_trial(spec)
+            found.setdefault(selector_key(selector), selector)
+    return list(found.values())
+
+
+def selector_run_key(selector) -> str:
+    from workloads.selectors.spec import selector_key
+
+    return f"selector:{selector_key(selector)}"
+
+
+def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path: Path, ray_address: str | None = None,
+                    tags: dict[str, str] | None = None) -> Path:
+    """A trained selector: the one in the cache (trained by any earlier command), else trained
+    now with the lifecycle's steps and tracked as one run of kind ``selector``: its config,
+    per-epoch metrics, the chosen epoch's validation and the select-and-rank model's test
+    ranking (BM25 beside it), the checkpoint. A crashed attempt resumes from its last epoch
+    (its Ray Train run name is the selector's content key) in the same MLflow run."""
+    import json
+
+    import ray
+
+    from workloads.selectors.spec import COMPLETE_MARKER, selector_key, trained_selector
+    from workloads.selectors.training import evaluate_selector_checkpoint, install_selector, prepare_selector
+
+    run_key = selector_run_key(selector)
+    done = trained_selector(selector)
+    if done is not None:
+        open_run = tracker.find_run(experiment_id, run_key)
+        if open_run is not None and open_run.info.status != "FINISHED":  # installed, then the driver died
+            summary = json.loads((done / COMPLETE_MARKER).read_text())
+            tracker.log_metrics(open_run.info.run_id, {k: v for k, v in summary.items() if isinstance(v, (int, float))})
+            tracker.set_tags(open_run.info.run_id, {schema.CHECKPOINT_TAG: str(done)})
+            tracker.finish(open_run.info.run_id, "FINISHED")
+        log.info("selector %s (%s) already trained: reusing %s", selector.name, selector.method, done)
+        return done
+
+    started = time.perf_counter()
+    prepared = prepare_selector(selector)
+    prepare_seconds = time.perf_counter() - started
+    params = schema.flat_params(selector)
+    run_tags = {"augmentation": selector.method, "model": selector.model.name, "size": str(selector.training_data.size),
+                "seed": str(selector.seed), "collection": selector.data.collection,
+                schema.SELECTOR_DATA_TAG: selector.selector.data, **(tags or {})}
+    run_id = tracker.start_trial_run(experiment_id, selector.name, run_key, params, run_tags, kind=schema.SELECTOR)
+    try:
+        tracker.log_json(run_id, "", "config.json", selector.model_dump(mode="json"))
+        tracker.log_json(run_id, "", "data_stats.json", prepared.trial.data_stats)
+        tracker.log_metrics(run_id, prepared.trial.first_stage_validation, prefix=schema.first_stage_prefix("val"))
+        init_ray(ray_address)
+        log.info("training the %s selector %s on %s pairs (%s)", selector.method, selector.name,
+                 selector.training_data.size, run_key)
+        train_started = time.perf_counter()
+        epochs = train_on_ray(selector, prepared.inputs, storage_path, f"selector-{selector_key(selector)}")
+        train_wall = time.perf_counter() - train_started
+        for epoch in epochs:
+            tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
+                                step=int(epoch.metrics["epoch"]))
+        summary = training_summary([e.metrics for e in epochs])
+        best = chosen(epochs)
+        test_started = time.perf_counter()
+        from orchestrator.core.execution import submit_task
+
+        tested = ray.get(submit_task(selector, evaluate_selector_checkpoint, Path(best.checkpoint), prepared, selector))
+        own = selector.data.test_collection or selector.data.collection
+        target = Target(schema.TEST, collection_label(own, selector.data.test_split), selector.as_rerank_trial())
+        log_target(tracker, run_id, TargetResult(target, tested, prepared.trial.first_stage_test,
+                                                 prepared.trial.test_first_stage_run), run_tag=f"rerank-lab.{selector.name}")
+        metrics = {**summary, **timing(train_wall, summary), schema.TIME_PREPARE: prepare_seconds,
+                   schema.TIME_EVALUATION: time.perf_counter() - test_started, schema.TIME_TRIAL: time.perf_counter() - started,
+                   schema.EPOCHS_RUN: float(len(epochs))}
+        tracker.log_metrics(run_id, metrics)
+        path = install_selector(selector, Path(best.checkpoint),
+                                {**metrics, **{f"{schema.target_prefix(schema.TEST)}{k}": v
+                                               for k, v in tested.evaluation.aggregate.items()}})
+        tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: str(path)})
+        tracker.finish(run_id, "FINISHED")
+        log.info("selector %s: chosen epoch %d of %d, val nDCG@10 %.4f, test nDCG@10 %.4f", selector.name,
+                 int(best.metrics["epoch"]), len(epochs), best.metrics[schema.OBJECTIVE],
+                 tested.evaluation.aggregate["ndcg_at_10"])
+    except BaseException as exc:
+        tracker.fail(run_id, "error", exc)  # never reported as complete; a rerun resumes it
+        raise
+    return path
+
+
 # ----------------------------------------------------------------------------- `orchestrate run`
 
 
@@ -199,6 +296,13 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
 
     started = time.perf_counter()
     log.info("preparing data for trial %s (%s)", spec.name, key)
+    selectors = selectors_needed([spec])
+    if selectors:  # a supervised augmentation: its selector is trained (once, tracked) before the trial's data
+        from workloads.selectors.training import prepare_selector
+
+        prepare_selector(selectors[0])  # its data is known good before MLflow is written
+        experiment_id = tracker.experiment_id(experiment or spec.name)
+        ensure_selector(selectors[0], tracker, experiment_id, storage_path, ray_address)
     prepared = prepare_trial(spec)
     prepare_seconds = time.perf_counter() - started
 

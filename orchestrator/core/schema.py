@@ -30,7 +30,8 @@ WINNER_TAG = "rerank_lab.winner"        # on a cell: its winning trial run; on t
 # The next five predate the rerank_lab. prefix; stores written before keep them, so do we.
 WINNER_PARAMS_TAG = "winner_params"
 BASELINE_TAG = "baseline"
-CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint
+CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint; on a selector run: the trained selector
+SELECTOR_DATA_TAG = "rerank_lab.selector_data"  # on a selector run: cell (the cell's N pairs) or full (every training query)
 FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed
 ERROR_TAG = "error"                     # the last line of the error
 PARENT_TAG = "mlflow.parentRunId"        # MLflow's own: nests runs in the UI
@@ -58,6 +59,7 @@ VALIDATION_CROSS_ENCODER_PREFIX = CROSS_ENCODER_PREFIX
 FIRST_STAGE = "bm25"
 TEST = "test"                                         # the trial's own test data
 TRIALS_COMPLETE = "trials_complete"                   # on a cell run
+EPOCHS_RUN = "epochs_run"                             # on a selector run: epochs trained before early stopping
 
 # One timing vocabulary (seconds), on trial runs of `run` and of sweeps.
 TIME_PREPARE = "time_prepare_seconds"          # data preparation in the driver (shared in sweeps: 0 there)
@@ -175,7 +177,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["reranking"] = True
     exclude["loss"] = {f for f, legacy in _LEGACY_LOSS_VALUES.items() if f not in active or getattr(loss, f) == legacy}
     augmented = spec.augmentation.method != "none"
+    exclude["augmentation"] = set() if spec.augmentation.selector is not None else {"selector"}  # added with selectors
     if not augmented or spec.augmentation.redraw == "once" or spec.optimization.epochs == 1:
-        exclude["augmentation"] = {"redraw"}  # one draw, as before per-epoch draws existed
+        exclude["augmentation"].add("redraw")  # one draw, as before per-epoch draws existed
     payload = spec.model_dump_json(exclude=exclude)
     return stable_key(payload, f"sentences-v{SPLITTER_VERSION}") if augmented else stable_key(payload)

@@ -7,8 +7,9 @@ driver logs. A run's identity is its ``trial_key`` tag (see :mod:`orchestrator.c
 so a rerun finds its run instead of creating a second one.
 
 The hierarchy (MLflow's ``parentRunId``): a sweep run (kind ``sweep``, home of the reports)
-parents one run per cell (kind ``cell``), which parents one run per trial (kind ``trial``).
-``orchestrate run`` writes trial runs without parents.
+parents one run per cell (kind ``cell``), which parents one run per trial (kind ``trial``);
+each supervised selector a sweep trains is a run of kind ``selector`` under the sweep run.
+``orchestrate run`` writes trial and selector runs without parents.
 """
 
 from __future__ import annotations
@@ -81,15 +82,16 @@ class Tracker:
                                        max_results=50_000)
 
     def start_trial_run(self, experiment_id: str, run_name: str, trial_key: str, params: dict[str, str],
-                        tags: dict[str, str]) -> str:
-        """Reuse the unfinished run of this trial if there is one (a crashed attempt), else create it."""
+                        tags: dict[str, str], kind: str = schema.TRIAL) -> str:
+        """Reuse the unfinished run of this trial (or selector) if there is one (a crashed
+        attempt), else create it."""
         previous = self.find_run(experiment_id, trial_key)
         if previous is not None and previous.info.status != "FINISHED":
             run_id = previous.info.run_id
             self.client.update_run(run_id, status="RUNNING")
             return run_id
         run = self.client.create_run(experiment_id, run_name=run_name,
-                                     tags={schema.TRIAL_KEY_TAG: trial_key, schema.KIND_TAG: schema.TRIAL, **tags})
+                                     tags={schema.TRIAL_KEY_TAG: trial_key, schema.KIND_TAG: kind, **tags})
         from mlflow.entities import Param
 
         items = list(params.items())

@@ -18,12 +18,7 @@ from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
 from workloads.losses import searchable_parameters
 from workloads.paths import stable_key
-from workloads.spec import LossSpec, RankingName, TrialSpec
-
-# Augmentation methods METHODS section 5 names; the supervised ones have no workload yet,
-# so their cells are reported as unavailable instead of being dropped.
-SUPERVISED_AUGMENTATIONS = ("linear", "attention")
-IMPLEMENTED_AUGMENTATIONS = {"none", *SCORERS}
+from workloads.spec import LossSpec, RankingName, SelectorSpec, TrialSpec
 
 
 class _Strict(BaseModel):
@@ -36,9 +31,10 @@ LossCell = LossSpec
 
 
 class AugmentationCell(_Strict):
-    method: Literal[("none", *SCORERS, *SUPERVISED_AUGMENTATIONS)] = "none"  # type: ignore[valid-type]
+    method: Literal[("none", *SCORERS)] = "none"  # type: ignore[valid-type]
     k: int = Field(default=3, ge=1)
     glove_path: str | None = None
+    selector: SelectorSpec | None = Field(default=None, description="linear/attention: the selector and its training")
 
 
 class GridSpec(_Strict):
@@ -161,8 +157,6 @@ def _make_cell(sweep: SweepSpec, model: str, loss: LossCell, augmentation: Augme
                is_baseline: bool) -> Cell:
     axes = _cell_axes(model, loss, augmentation, size, seed)
     key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
-    if augmentation.method not in IMPLEMENTED_AUGMENTATIONS:
-        return Cell(key, axes, None, f"augmentation '{augmentation.method}' has no workload yet", is_baseline)
     if loss.contrastive == "infonce" and augmentation.method == "none":
         return Cell(key, axes, None, "infonce needs augmentation", is_baseline)
     trial = dict(sweep.base)

@@ -9,6 +9,10 @@
 - MLflow (written by the driver only, see :mod:`orchestrator.core.tracking`): one
   experiment per sweep, a sweep run, a run per cell and a run per trial, found again by
   identity on every rerun.
+- Before the cells, each distinct supervised selector (``linear``/``attention``
+  augmentation) is trained once with :func:`~orchestrator.core.lifecycle.ensure_selector`
+  in the same Ray cluster, tracked as a ``selector`` run under the sweep run; a rerun
+  reuses a trained one and resumes a half-trained one.
 - After the search, each cell's winner is evaluated on every target with the lifecycle's
   :func:`~orchestrator.core.lifecycle.submit_evaluations` and
   :func:`~orchestrator.core.lifecycle.log_target` on the cell run, which is then FINISHED.
@@ -25,7 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core import schema
-from orchestrator.core.lifecycle import submit_evaluations, targets, timing, training_summary
+from orchestrator.core.lifecycle import (
+    ensure_selector,
+    selector_run_key,
+    selectors_needed,
+    submit_evaluations,
+    targets,
+    timing,
+    training_summary,
+)
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid
 from orchestrator.sweep.progress import SweepProgress
@@ -117,6 +129,16 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     for r in rows:
         if r.cell.unavailable:
             unavailable[r.cell.unavailable] = unavailable.get(r.cell.unavailable, 0) + 1
+    from workloads.selectors.spec import trained_selector
+
+    selectors = []
+    for selector in selectors_needed([r.cell.spec for r in runnable]):
+        users = [r.cell.key for r in runnable if r.cell.spec.augmentation.method == selector.method
+                 and _selector_of(r.cell) == selector_run_key(selector)]
+        selectors.append({"name": selector.name, "key": selector_run_key(selector), "method": selector.method,
+                          "model": selector.model.name, "size": str(selector.training_data.size),
+                          "data": selector.selector.data, "k": selector.selector.k, "cells": len(users),
+                          "trained": trained_selector(selector) is not None})
     return {
         "sweep": sweep.name,
         "cells": len(rows),
@@ -129,9 +151,12 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
         "trials_runnable": trials_runnable,
         "trials_done": trials_done,
         "trials_to_run": trials_runnable - trials_done,
+        # supervised selectors: each trained once (a run of kind selector) before the cells that use it
+        "selectors": selectors,
+        "selectors_to_train": sum(1 for s in selectors if not s["trained"]),
         # the sweep's run + a run per cell (its child) + a run per trial (the cell's child)
-        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows),
-        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable,
+        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows) + len(selectors),
+        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable + len(selectors),
         "cells_detail": [
             {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
              "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed, "best": r.best}
@@ -318,6 +343,12 @@ def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
     return [cell.spec]
 
 
+def _selector_of(cell: Cell) -> str | None:
+    """The run key of the selector a cell augments with (None: no supervised augmentation)."""
+    needed = selectors_needed([cell.spec]) if cell.spec is not None else []
+    return selector_run_key(needed[0]) if needed else None
+
+
 def _zero_shot(sweep: SweepSpec) -> list[tuple[str, str]]:
     return [(t.collection, t.split) for t in sweep.zero_shot]
 
@@ -350,6 +381,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     import ray.tune
 
     from orchestrator.core.execution import init_ray
+    from workloads.selectors.training import prepare_selector
     from workloads.trial import prepare_trial
 
     paths = sweep_paths(sweep, storage_root)
@@ -357,15 +389,37 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     if not cells:
         raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")
     log.info("preparing data for %d cells", len(cells))
+    selectors = selectors_needed([c.spec for c in cells])
+    for selector in selectors:
+        prepare_selector(selector)  # its data is known good before anything is written
     prepared = {}
-    for cell in cells:
+
+    def prepare_cell(cell: Cell) -> None:
         for spec in _data_variants(cell, sweep):
             prepared[cell.key] = prepare_trial(spec)  # indexes, runs, training sets, augmentations: once, before trials race
         for target in targets(cell.spec, _zero_shot(sweep))[1:]:
             prepare_trial(target.spec)  # a zero-shot collection that cannot load fails now, not after the grid trained
 
+    supervised = [c for c in cells if _selector_of(c) is not None]
+    for cell in cells:
+        if _selector_of(cell) is None:  # the others need their trained selector first
+            prepare_cell(cell)
+
     # MLflow is written once every input is known good.
     experiment_id = tracker.experiment_id(sweep.name)
+    if selectors:
+        root = tracker.sweep_run(experiment_id, sweep.name)
+        tracker.client.update_run(root, status="RUNNING")
+        with _noise_to(None if verbose else paths.log_file):
+            init_ray(ray_address)
+        for number, selector in enumerate(selectors, 1):
+            log.info("selector %d/%d: %s (%s, %s pairs)", number, len(selectors), selector.name, selector.method,
+                     selector.training_data.size)
+            with _noise_to(None if verbose else paths.log_file):
+                ensure_selector(selector, tracker, experiment_id, paths.ray_storage, ray_address,
+                                tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
+        for cell in supervised:
+            prepare_cell(cell)  # augmentations with the trained selectors
     cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
     migrated = migrate_trial_axes(tracker, experiment_id, cell_runs)
     if migrated:

@@ -168,12 +168,16 @@ def test_doc19_dry_run_counts():
     plan = json.loads(proc.stdout)
     # 3 models x 5 sizes x (1 baseline + 4 losses x 4 augmentations) = 255 cells, x 4 trials = 1,020 trial runs
     assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"]) == (255, 15, 1020)
-    assert plan["unavailable_cells"] == 120  # attention and linear selectors have no workload yet
-    assert set(plan["unavailable_reasons"]) == {"augmentation 'attention' has no workload yet",
-                                                 "augmentation 'linear' has no workload yet"}
+    assert plan["unavailable_cells"] == 0 and plan["runnable_cells"] == 255
+    # one selector per (method, model, size): selector.data is cell, so each size trains its own
+    selectors = plan["selectors"]
+    assert len(selectors) == 2 * 3 * 5 and len({s["key"] for s in selectors}) == 30
+    assert {(s["method"], s["cells"], s["data"], s["k"]) for s in selectors} == {("linear", 4, "cell", 20), ("attention", 4, "cell", 20)}
+    assert plan["mlflow_runs_planned"] == 1 + 255 + 1020 + 30
     human = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
                             "--dry-run", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True, cwd=REPO)
     assert "255 cells" in human.stdout and "1020 trial runs" in human.stdout
+    assert "selectors: 30" in human.stdout and "selector-attention-" in human.stdout
 
 
 def test_demo_sweep_loads():

@@ -1,10 +1,11 @@
-"""Unsupervised data augmentation (AUG Algorithm 1; METHODS section 5).
+"""Data augmentation (AUG Algorithm 1; METHODS section 5): lexical scorers and trained selectors.
 
 For each training triple (q, d+, d-) a second triple (q, d+_a, d-_a) is made: d+_a is the
-k_a highest-scoring sentences of d+ under score(q, s), **ordered by score** (ties keep the
-document's order), and d-_a is a random non-relevant document: drawn uniformly from the
-corpus, excluding the documents judged relevant for q (AUG's "random document"). Only
-training data is augmented.
+k_a highest-scoring sentences of d+ under score(q, s) (a lexical scorer or a trained
+supervised selector), **ordered by score** (AUG eq. 5; ties keep the document's order),
+and d-_a is a random non-relevant document: drawn uniformly from the corpus, excluding
+the documents judged relevant for q (AUG's "random document"). Only training data is
+augmented.
 
 A document's candidate sentences are its title (one sentence of its own, when it has one:
 for MS MARCO the title is often the best sentence) followed by its text's sentences. A row
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.augmentation.scorers import SCORERS, GloVeScorer, SentenceScorer, resolve_glove_path
+from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer, resolve_glove_path
 from workloads.augmentation.sentences import split_sentences
 from workloads.collections import Collection, Document
 from workloads.logs import get_logger
@@ -77,10 +78,10 @@ def select_sentences(scores: list[float], sentences: list[str], k: int) -> list[
     return [sentences[i] for i in order[:k]]
 
 
-def build_scorer(spec: AugmentationSpec, sentences: dict[str, list[str]]) -> SentenceScorer:
+def build_scorer(spec: AugmentationSpec, sentences: dict[str, list[str]], selector: Path | None = None) -> SentenceScorer:
     if spec.method not in SCORERS:
         raise ValueError(f"no scorer for augmentation method '{spec.method}' (known: {', '.join(SCORERS)})")
-    return SCORERS[spec.method].build(spec, sentences)
+    return SCORERS[spec.method].build(spec, sentences, selector=selector)
 
 
 def augmentation_epochs(spec: AugmentationSpec, epochs: int) -> int:
@@ -88,23 +89,28 @@ def augmentation_epochs(spec: AugmentationSpec, epochs: int) -> int:
     return epochs if spec.redraw == "epoch" else 1
 
 
-def _augmentation_path(training_set: Path, spec: AugmentationSpec, glove_key, epoch: int) -> Path:
+def _augmentation_path(training_set: Path, spec: AugmentationSpec, scorer_key, epoch: int) -> Path:
     # Epoch 1 keeps the key it had before per-epoch draws existed: the same file either way.
-    key = stable_key(training_set.name, spec.method, spec.k, spec.seed, glove_key, SPLITTER_VERSION,
+    key = stable_key(training_set.name, spec.method, spec.k, spec.seed, scorer_key, SPLITTER_VERSION,
                      *((f"epoch-{epoch}",) if epoch > 1 else ()))
     suffix = f"-e{epoch}" if epoch > 1 else ""
     return cache_dir() / "augmentations" / f"{training_set.stem}-{spec.method}-k{spec.k}{suffix}-{key}.parquet"
 
 
 def build_augmentation_sets(collection: Collection, split: str, training_set: Path, spec: AugmentationSpec,
-                            epochs: int = 1) -> list[Path]:
+                            epochs: int = 1, selector: Path | None = None) -> list[Path]:
     """The augmentation file of every epoch (one file with ``redraw: once``); each is built
-    once, then reused by every trial that asks for it."""
-    glove_key = None
+    once, then reused by every trial that asks for it. ``selector``: the trained selector of
+    a supervised method (its directory name is its content key)."""
+    scorer_key = None
     if spec.method == "glove":
         glove = resolve_glove_path(spec.glove_path)
-        glove_key = (str(glove), glove.stat().st_size)
-    paths = [_augmentation_path(training_set, spec, glove_key, e) for e in range(1, augmentation_epochs(spec, epochs) + 1)]
+        scorer_key = (str(glove), glove.stat().st_size)
+    elif spec.method in SUPERVISED_METHODS:
+        if selector is None:
+            raise ValueError(f"augmentation '{spec.method}' needs its trained selector")
+        scorer_key = Path(selector).name
+    paths = [_augmentation_path(training_set, spec, scorer_key, e) for e in range(1, augmentation_epochs(spec, epochs) + 1)]
     missing = [(e, p) for e, p in enumerate(paths, 1) if not p.exists()]
     for path in paths:
         if path.exists():
@@ -113,7 +119,7 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
         return paths
     rows = pq.read_table(training_set).to_pylist()
     sentences = corpus_sentences(collection)
-    scorer = build_scorer(spec, sentences)
+    scorer = build_scorer(spec, sentences, selector)
     qrels = collection.split_qrels(split)
     doc_ids = sorted(collection.require_corpus())
     for epoch, path in missing:

@@ -7,7 +7,9 @@
   sentence length of the corpus;
 - ``glove`` (AUG eq. 7): the dot product of the mean GloVe vectors of q and s. Words
   missing from the vocabulary are skipped; a text with no known word has no vector and its
-  sentences score 0 (the scorer counts them in ``oov_texts``).
+  sentences score 0 (the scorer counts them in ``oov_texts``);
+- ``linear`` and ``attention`` (AUG eq. 8-16, supervised): a trained selector
+  (``workloads.selectors``) in eval mode; sentences past its caps score -inf (kept last).
 
 ``SCORERS`` is the registry: a new scorer is one class with ``name`` and ``build`` plus one
 entry; ``AugmentationSpec.method`` and the sweep grid's available methods read it.
@@ -34,8 +36,9 @@ class SentenceScorer(Protocol):
     name: str
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]]) -> SentenceScorer:
-        """The scorer for an ``AugmentationSpec``, given every document's sentences."""
+    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SentenceScorer:
+        """The scorer for an ``AugmentationSpec``, given every document's sentences (and, for a
+        supervised method, the trained selector's directory)."""
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]: ...
 
@@ -53,7 +56,7 @@ class RandomScorer:
     name = "random"
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]]) -> RandomScorer:
+    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> RandomScorer:
         return cls()
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
@@ -85,7 +88,7 @@ class BM25SentenceScorer:
         self.k1, self.b = k1, b
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]]) -> BM25SentenceScorer:
+    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> BM25SentenceScorer:
         return cls(sentences.values())
 
     def score(self, query_tokens: list[str], sentence: str) -> float:
@@ -133,7 +136,7 @@ class GloVeScorer:
         self.oov_texts = 0
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]]) -> GloVeScorer:
+    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> GloVeScorer:
         return cls(*load_glove(resolve_glove_path(spec.glove_path)))
 
     def mean_vector(self, text: str) -> np.ndarray | None:
@@ -152,5 +155,37 @@ class GloVeScorer:
         return out
 
 
+class SelectorScorer:
+    """A trained supervised selector (select-and-rank's, eval mode) scoring each sentence."""
+
+    name = ""
+
+    def __init__(self, model):
+        self.model = model
+
+    @classmethod
+    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SelectorScorer:
+        if selector is None:
+            raise ValueError(f"augmentation '{cls.name}' needs a trained selector")
+        from workloads.selectors.select_and_rank import SelectAndRank
+
+        model = SelectAndRank.load(selector)
+        model.eval()
+        return cls(model)
+
+    def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
+        return self.model.score_sentences(query, sentences) if sentences else []
+
+
+class LinearSelectorScorer(SelectorScorer):
+    name = "linear"
+
+
+class AttentionSelectorScorer(SelectorScorer):
+    name = "attention"
+
+
 SCORERS: dict[str, type] = {RandomScorer.name: RandomScorer, BM25SentenceScorer.name: BM25SentenceScorer,
-                            GloVeScorer.name: GloVeScorer}
+                            GloVeScorer.name: GloVeScorer, LinearSelectorScorer.name: LinearSelectorScorer,
+                            AttentionSelectorScorer.name: AttentionSelectorScorer}
+SUPERVISED_METHODS = (LinearSelectorScorer.name, AttentionSelectorScorer.name)  # they need a trained selector

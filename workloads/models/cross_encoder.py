@@ -144,9 +144,12 @@ class CrossEncoder(nn.Module):
 
     def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (scores [B], Phi [B, H]) for the tensors of :meth:`encode`."""
-        hidden = self.encoder(**inputs).last_hidden_state
+        return self.head(self.encoder(**inputs).last_hidden_state, inputs["attention_mask"])
+
+    def head(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, Phi) from the encoder's last hidden states: pooling, then the score head."""
         if self.pooling == "mean":  # the mean over real tokens, for checkpoints trained with mean pooling
-            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             phi = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         else:
             phi = hidden[:, 0]

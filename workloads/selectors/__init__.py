@@ -1,0 +1,15 @@
+"""Supervised sentence selectors (AUG's ``linear`` and ``attention``; SELECTORS.md).
+
+``SELECTORS`` is the registry (method name -> module scoring every sentence of a document
+for a query). A selector is trained as its own trial kind with a cross-encoder ranker
+(:mod:`workloads.selectors.training`, select-and-rank) and then scores sentences for
+augmentation (``workloads.augmentation.scorers``).
+"""
+
+from workloads.selectors.attention import AttentionSelector
+from workloads.selectors.linear import LinearSelector
+from workloads.selectors.subset import relaxed_topk, topk_mask
+
+SELECTORS = {LinearSelector.name: LinearSelector, AttentionSelector.name: AttentionSelector}
+
+__all__ = ["SELECTORS", "LinearSelector", "AttentionSelector", "relaxed_topk", "topk_mask"]
