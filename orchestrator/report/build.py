@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, load_sweep_results, systems
 from orchestrator.report.tables import (
@@ -106,6 +107,9 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
             sweep_files += _write_table(table, out_dir / f"{stem}-{request.options.metric}-{label}", request.options.digits)
         if request.plots:
             sweep_files += _plots(results, prefix, label, request.options, out_dir)
+        selectors = selector_block(tracker, results.experiment_id)
+        if selectors and request.output_format != "csv":
+            blocks.append(selectors)
         _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][1], request.options.digits))
         files += sweep_files
     if request.transfer:
@@ -115,6 +119,27 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         transfer_dir.mkdir(parents=True, exist_ok=True)
         files += _write_table(table, transfer_dir / f"transfer-{request.options.metric}", request.options.digits)
     return ReportOutput("\n".join(blocks), files)
+
+
+def selector_block(tracker: Tracker, experiment_id: str) -> str:
+    """The sweep's trained selectors and the held-out ranking quality of their select-and-rank
+    models (test measures beside BM25 on the same queries); empty when it trained none."""
+    runs = tracker.runs_of_kind(experiment_id, schema.SELECTOR)
+    if not runs:
+        return ""
+    lines = ["Selectors (select-and-rank on the test queries; BM25 on the same queries)", "",
+             "| selector | method | pairs | data | epochs | val nDCG@10 | test nDCG@10 | test AP | test RR@10 | BM25 nDCG@10 | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in sorted(runs, key=lambda r: r.info.run_name or ""):
+        m, tags = run.data.metrics, run.data.tags
+        def value(name: str, m=m) -> str:
+            return f"{m[name]:.4f}" if name in m else "-"
+
+        lines.append(f"| {run.info.run_name} | {tags.get('augmentation', '?')} | {tags.get('size', '?')} | "
+                     f"{tags.get(schema.SELECTOR_DATA_TAG, '?')} | {int(m.get(schema.EPOCHS_RUN, 0)) or '-'} | "
+                     f"{value(schema.BEST_OBJECTIVE)} | {value('test_ndcg_at_10')} | {value('test_ap')} | "
+                     f"{value('test_rr_at_10')} | {value('bm25_test_ndcg_at_10')} | {run.info.status} |")
+    return "\n".join(lines) + "\n"
 
 
 def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions, out_dir: Path) -> list[Path]:

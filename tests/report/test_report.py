@@ -2,8 +2,8 @@
 
 The store is constructed (no training): a grid of 10 cells where, at size 100, SCL is a
 consistent gain over the baseline (significant) and CTriplet gains and losses cancel (not
-significant); at size 200 SCL failed and CTriplet never ran; the linear-selector cells have
-no workload. Every expectation below follows from that construction.
+significant); at size 200 SCL failed and CTriplet never ran; the linear-selector cells never
+ran (pending). Every expectation below follows from that construction.
 """
 
 import csv
@@ -116,7 +116,7 @@ def test_grid_table_values_relative_change_and_markers(store):
     scipy_p = stats.ttest_rel(values[("pointwise+scl", "bm25", "100")][0], values[("pointwise", "none", "100")][0]).pvalue
     assert scl.p_value == pytest.approx(scipy_p) and scl.level == 0.05
     assert ctriplet.relative == pytest.approx(0.0, abs=1e-9) and ctriplet.level is None and ctriplet.p_value > 0.9
-    assert scl_linear.value is None and scl_linear.status == "unavailable"
+    assert scl_linear.value is None and scl_linear.status == "pending"  # runnable, never run: never a number
     # Emphasis: scl best, then ctriplet (whose mean equals the baseline's: they share "second").
     assert (scl.emphasis, ctriplet.emphasis, base.emphasis) == ("best", "second", "second")
 
@@ -132,10 +132,10 @@ def test_missing_and_failed_cells_are_shown_never_as_zero(store):
 
     md = render_markdown(table)
     row200 = next(line for line in md.splitlines() if line.startswith("| tiny | 200 |"))
-    assert "failed" in row200 and "pending" in row200 and "n/a" in row200 and " 0.0000" not in row200
+    assert "failed" in row200 and "pending" in row200 and " 0.0000" not in row200
     records = list(csv.DictReader(io.StringIO(render_csv(table))))
     assert {r["status"] for r in records if r["size"] == "200" and r["column"] not in ("baseline", "BM25 (first stage)")} == {
-        "failed", "pending", "unavailable"}
+        "failed", "pending"}
     assert all(r["value"] == "" for r in records if r["status"] != "ok")
 
 

@@ -59,3 +59,7 @@ def test_shared_selector_trained_once_and_resumed_after_sigkill(tmp_path, tiny_m
     assert all(r.info.status == "FINISHED" for r in runs)
     installed = selector.data.tags["best_checkpoint"]  # the trained selector, in the shared cache
     assert os.path.basename(installed).startswith("linear-") and os.path.exists(os.path.join(installed, "selector_result.json"))
+    report = orchestrate(tmp_path, "report", str(spec), "--tracking-uri", uri, "--out", str(tmp_path / "reports"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    row = next(line for line in report.stdout.splitlines() if line.startswith(f"| {selector.info.run_name} |"))
+    assert f"{selector.data.metrics['test_ndcg_at_10']:.4f}" in row and "FINISHED" in row

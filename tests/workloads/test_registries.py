@@ -76,14 +76,21 @@ def test_every_searchable_hyperparameter_can_be_searched(kind, name):
 
 
 @pytest.mark.parametrize("method", sorted(SCORERS))
-def test_every_augmentation_scorer_is_configurable_and_constructible(method, tmp_path):
+def test_every_augmentation_scorer_is_configurable_and_constructible(method, tmp_path, tiny_model_dir):
     glove = tmp_path / "glove.txt"
     glove.write_text("cats 1 0\npurr 0 1\n")
     spec = AugmentationSpec(method=method, glove_path=str(glove) if method == "glove" else None)
     from workloads.augmentation import build_scorer
+    from workloads.augmentation.scorers import SUPERVISED_METHODS
 
+    selector = None
+    if method in SUPERVISED_METHODS:  # a supervised scorer reads a trained selector's directory
+        from workloads.selectors.select_and_rank import SelectAndRank
+
+        selector = tmp_path / "selector"
+        SelectAndRank.build(method, spec.selector, str(tiny_model_dir), 32).save(selector)
     sentences = {"d1": ["Cats purr.", "Dogs bark."], "d2": ["Fish swim."]}
-    scorer = build_scorer(spec, sentences)
+    scorer = build_scorer(spec, sentences, selector)
     assert scorer.name == method
     scores = scorer.scores("cats purr", sentences["d1"], random.Random(0))
     assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
