@@ -83,6 +83,15 @@ def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, flo
     }
 
 
+def log_training(tracker: Tracker, run_id: str, epochs: Sequence[EpochResult]) -> tuple[dict[str, float], EpochResult]:
+    """Log every epoch's metrics (step = epoch) on ``run_id``; returns the training summary
+    and the chosen epoch."""
+    for epoch in epochs:
+        tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
+                            step=int(epoch.metrics["epoch"]))
+    return training_summary([e.metrics for e in epochs]), chosen(epochs)
+
+
 def timing(train_wall: float, summary: dict[str, float]) -> dict[str, float]:
     """Ray Train's wall time and the overhead over the loop's own time."""
     return {schema.TIME_TRAIN_WALL: train_wall, schema.TIME_OVERHEAD: train_wall - summary[schema.TIME_TRAINING]}
@@ -247,11 +256,7 @@ def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path
         train_started = time.perf_counter()
         epochs = train_on_ray(selector, prepared.inputs, storage_path, f"selector-{selector_key(selector)}")
         train_wall = time.perf_counter() - train_started
-        for epoch in epochs:
-            tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
-                                step=int(epoch.metrics["epoch"]))
-        summary = training_summary([e.metrics for e in epochs])
-        best = chosen(epochs)
+        summary, best = log_training(tracker, run_id, epochs)
         test_started = time.perf_counter()
         from orchestrator.core.execution import submit_task
 
@@ -320,11 +325,7 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         run_name = f"{spec.name}-{key}" + (f"-{int(time.time())}" if force else "")
         epochs = train_on_ray(spec, prepared.training, storage_path, run_name)
         train_wall = time.perf_counter() - train_started
-        for epoch in epochs:
-            tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
-                                step=int(epoch.metrics["epoch"]))
-        summary = training_summary([e.metrics for e in epochs])
-        best = chosen(epochs)
+        summary, best = log_training(tracker, run_id, epochs)
         log.info("chosen epoch %d (%s %.4f); testing %s", int(best.metrics["epoch"]), schema.OBJECTIVE,
                  best.metrics[schema.OBJECTIVE], best.checkpoint)
 
