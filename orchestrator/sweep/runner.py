@@ -133,8 +133,7 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
 
     selectors = []
     for selector in selectors_needed([r.cell.spec for r in runnable]):
-        users = [r.cell.key for r in runnable if r.cell.spec.augmentation.method == selector.method
-                 and _selector_of(r.cell) == selector_run_key(selector)]
+        users = [r.cell.key for r in runnable if _selector_of(r.cell) == selector_run_key(selector)]
         selectors.append({"name": selector.name, "key": selector_run_key(selector), "method": selector.method,
                           "model": selector.model.name, "size": str(selector.training_data.size),
                           "data": selector.selector.data, "k": selector.selector.k, "cells": len(users),
