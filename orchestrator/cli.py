@@ -126,7 +126,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif len(results) > 1:
         emit(_metrics_table([("test BM25", results[0]["test"]["bm25"])]
                             + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
+    if not args.json and any(spec.robustness for spec in specs):
+        from orchestrator.report.tables import render_markdown
+
+        emit(render_markdown(_robustness_of_trials(tracker, experiment, specs, [r["mlflow_run_id"] for r in results])))
     return 0
+
+
+def _robustness_of_trials(tracker, experiment: str, specs, run_ids: list[str | None], test: str = "t"):
+    """CFT's Table 5 for the trials of a trial file (rows in file order)."""
+    from orchestrator.report.results import RunReader
+    from orchestrator.report.robustness import robustness_table
+
+    perturbations = list(dict.fromkeys(p for spec in specs for p in spec.robustness))
+    systems = [(spec.name.removeprefix(f"{experiment}."), tracker.client.get_run(run_id) if run_id else None)
+               for spec, run_id in zip(specs, run_ids)]
+    return robustness_table(RunReader(tracker), systems, perturbations, f"robustness: {experiment}", test)
 
 
 def cmd_augment(args: argparse.Namespace) -> int:
@@ -157,6 +172,26 @@ def cmd_augment(args: argparse.Namespace) -> int:
                 left = original[i] if i < len(original) else ""
                 right = selected[i] if i < len(selected) else ""
                 emit(f"{left:<{width}} | {right}")
+    return 0
+
+
+def cmd_perturb(args: argparse.Namespace) -> int:
+    """A split's queries and their perturbed variants side by side (CFT's robustness sets)."""
+    from workloads.collections import resolve_collection
+    from workloads.perturbations import PERTURBATIONS, perturb_queries
+
+    queries = resolve_collection(args.dataset).split_queries(args.split)
+    names = args.perturbations.split(",") if args.perturbations else list(PERTURBATIONS)
+    unknown = [n for n in names if n not in PERTURBATIONS]
+    if unknown:
+        raise InputError("--perturbations", f"unknown perturbation '{unknown[0]}' (known: {', '.join(PERTURBATIONS)})")
+    variants = {name: perturb_queries(queries, name, args.seed) for name in names}
+    emit(f"{args.dataset} {args.split}: {len(queries)} queries; variants: "
+         + ", ".join(f"{name} {len(v)}" for name, v in variants.items()))
+    for qid in list(queries)[: args.show]:
+        emit(f"\n{qid}  original     {queries[qid]}")
+        for name in names:
+            emit(f"{'':{len(qid)}}  {name:<12} {variants[name].get(qid, '(no variant)')}")
     return 0
 
 
@@ -221,6 +256,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     emit(f"sweep {status['sweep']}: cells done {status['cells_done']}, running {status['cells_running']}, "
           f"failed {status['cells_failed']}, pending {status['cells_pending']} (of {status['cells']}); "
           f"trials finished {status['trials_finished']}, failed {status['trials_failed']}, running {status['trials_running']}")
+    if status["selectors"]:
+        emit(f"selectors: {status['selectors_trained']} of {status['selectors']} trained")
+        for s in status["selector_runs"]:
+            measured = ", ".join(f"{label} nDCG@10 {s[key]:.4f}" for label, key in (("val", "val_ndcg_at_10"), ("test", "test_ndcg_at_10"))
+                                 if s[key] is not None)
+            emit(f"  {s['name']}: {s['status']}" + (f" ({measured})" if measured else ""))
     if status["best"]:
         b = status["best"]
         emit(f"best so far: {b['cell']} ({b['axes']}) val nDCG@10 {b['value']:.4f}")
@@ -237,6 +278,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.report.results import metric_key
     from orchestrator.report.tables import TableOptions
 
+    if args.robustness:
+        return _report_robustness(args)
     sweeps = [_load_sweep(path) for path in args.sweeps]
     options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits)
     request = ReportRequest(options=options, rows=tuple(a.strip() for a in args.rows.split(",") if a.strip()), cols=args.cols,
@@ -245,6 +288,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = build_report(sweeps, Tracker(resolve_tracking_uri(args.tracking_uri)), Path(args.out), request)
     emit(output.text)
     log.info("written: %s", ", ".join(str(p) for p in output.files))
+    return 0
+
+
+def _report_robustness(args: argparse.Namespace) -> int:
+    """``report --robustness``: a trial file's trials, or a sweep's finished cells, clean vs perturbed."""
+    from orchestrator.core import schema
+    from orchestrator.core.config import load_trials, read_yaml
+    from orchestrator.core.tracking import Tracker, resolve_tracking_uri
+    from orchestrator.report.build import load_results
+    from orchestrator.report.results import STATUS_OK
+    from orchestrator.report.robustness import robustness_table
+    from orchestrator.report.tables import RENDERERS
+    from workloads.spec import TrialSpec
+
+    tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
+    renderer = RENDERERS[args.format]
+    for path in args.sweeps:
+        data, _ = read_yaml(Path(path))
+        if "grid" not in data:  # a trial file: its trials' finished runs
+            experiment, specs = load_trials(Path(path), TrialSpec)
+            if not any(spec.robustness for spec in specs):
+                raise InputError(path, "no trial sets robustness: nothing was tested perturbed")
+            runs = [tracker.find_run(None, schema.trial_key(spec), status="FINISHED") for spec in specs]
+            table = _robustness_of_trials(tracker, experiment, specs, [r.info.run_id if r else None for r in runs], args.test)
+        else:
+            results = load_results(_load_sweep(path), tracker)
+            perturbations = list(results.sweep.base.get("robustness") or [])
+            if not perturbations:
+                raise InputError(path, "base sets no robustness: nothing was tested perturbed")
+            systems = [(" / ".join(f"{v}" for k, v in c.axes.items() if k != "seed"), c.run) for c in results.cells
+                       if c.status == STATUS_OK]
+            table = robustness_table(results.reader, systems, perturbations, f"robustness: {results.sweep.name}", args.test)
+        emit(renderer(table, args.digits))
     return 0
 
 
@@ -313,6 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     augment.add_argument("--width", type=int, default=120, help="output width")
     augment.set_defaults(func=cmd_augment)
 
+    perturb = sub.add_parser("perturb", help="a split's queries and their perturbed variants side by side", parents=[common])
+    perturb.add_argument("dataset", help="a collection reference, e.g. wikiqa or beir/scifact")
+    perturb.add_argument("--split", default="test")
+    perturb.add_argument("--show", type=int, default=5, help="queries to print (default 5)")
+    perturb.add_argument("--perturbations", help="comma-separated (default: punctuation,typo,contraction)")
+    perturb.add_argument("--seed", type=int, default=0, help="the perturbation seed (default 0, what trials use)")
+    perturb.set_defaults(func=cmd_perturb)
+
     sweep = sub.add_parser("sweep", help="run (or resume) a sweep: the grid x Optuna x Ray Tune x MLflow", parents=[common])
     sweep.add_argument("config", help="sweep YAML, e.g. search_spaces/demo.yaml")
     sweep.add_argument("--dry-run", action="store_true", help="print the cells, trial and run counts, what is done; run nothing")
@@ -345,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--digits", type=int, default=4)
     report.add_argument("--zero-shot", action="store_true", help="also the zero-shot table (collections x models, AUG Table 4)")
     report.add_argument("--transfer", action="store_true", help="also the transfer matrix (train x test collection) of the sweeps")
+    report.add_argument("--robustness", action="store_true",
+                        help="CFT's robustness table instead: MAP and P@1 clean and per perturbation (SWEEP may be a trial file)")
     report.add_argument("--select", help="the system of the zero-shot and transfer tables, e.g. "
                                          "loss=pointwise+scl,augmentation=bm25,size=1000 "
                                          "(default: best validation nDCG@10 at the largest size)")

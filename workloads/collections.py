@@ -5,6 +5,9 @@ Sources:
   with or without header, CRLF tolerated);
 - TREC files: a topics TSV (``qid<TAB>text``) and a qrels file (``qid Q0 docid rel``),
   optionally with a corpus from another reference;
+- the official WikiQA files (``WikiQA-{dev,test}.tsv``, ``WikiQA-train.txt[.gz]`` with its
+  ``.ref``; :func:`load_wikiqa_directory`), an answer-selection set whose candidate lists
+  come with it (``Collection.given``);
 - ir_datasets ids (``msmarco-document/trec-dl-2019/judged``, ``beir/<name>``), which
   download on a connected machine and fail offline with a clear message.
 
@@ -65,6 +68,9 @@ class Collection:
     queries: dict[str, str]
     qrels: dict[str, Qrels]
     relevance_level: int = 1
+    # split -> query id -> doc id -> score: candidate lists that ship with the collection
+    # (answer selection), in their given order (descending scores); ``first_stage: given``
+    given: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property
@@ -84,6 +90,14 @@ class Collection:
         if missing:
             raise InputError(self.name, f"split '{split}' judges {len(missing)} queries with no text (e.g. '{missing[0]}')")
         return {q: self.queries[q] for q in sorted(judged)}
+
+    def given_candidates(self, split: str) -> dict[str, dict[str, float]]:
+        """The candidate lists that come with ``split`` (``first_stage: given``)."""
+        if split not in self.given:
+            known = ", ".join(sorted(self.given)) or "none: this collection ships no candidate lists"
+            raise InputError(self.name, f"no given candidates for split '{split}' (splits with candidates: {known}); "
+                                        "use first_stage method bm25 or run")
+        return self.given[split]
 
     def require_corpus(self) -> Mapping[str, Document]:
         if self.corpus is None:
@@ -266,6 +280,115 @@ def load_trec_directory(path: Path, name: str | None = None) -> Collection:
     return load_trec_files(topics[0], qrels[0], name=name or path.name, relevance_level=relevance_level)
 
 
+def _given_run(lists: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+    """Candidate lists as a run whose scores keep the given order (first = highest)."""
+    return {q: {d: float(len(docs) - i) for i, d in enumerate(docs)} for q, docs in lists.items()}
+
+
+WIKIQA_TEST_FILE = "WikiQA-test.tsv"
+UNFILTERED = "-unfiltered"
+
+
+def _read_wikiqa_ref(path: Path) -> list[tuple[str, str, int]]:
+    """``question_index 0 sentence_index label`` rows, in file order."""
+    rows = []
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, 1):
+                fields = line.split()
+                if not fields:
+                    continue
+                if len(fields) != 4 or not fields[3].lstrip("-").isdigit():
+                    raise InputError(f"{path}:{line_no}", "expected 'question_index 0 sentence_index label'")
+                rows.append((fields[0], fields[2], int(fields[3])))
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+    return rows
+
+
+def _read_wikiqa_split(path: Path, split: str) -> tuple[list[tuple[str, str, str, str, int]], Path]:
+    """(question index, question id, question, sentence id, label) rows with their texts, from
+    the official TSV (dev, test) or, for train, the tokenised ``.txt[.gz]`` aligned with ``.ref``."""
+    stem = f"WikiQA-{split}"
+    ref = _read_wikiqa_ref(path / f"{stem}.ref")
+    tsv = path / f"{stem}.tsv"
+    rows: list[tuple[str, str, str, str, int]] = []
+    texts: dict[str, str] = {}
+    if tsv.exists():
+        source = tsv
+        with _open_text(tsv) as handle:
+            lines = [line.rstrip("\n") for line in handle if line.strip()]
+        header = lines[0].split("\t")
+        expected = ["QuestionID", "Question", "DocumentID", "DocumentTitle", "SentenceID", "Sentence", "Label"]
+        if header != expected:
+            raise InputError(tsv, f"expected the header {' '.join(expected)}")
+        records = lines[1:]
+        parse = lambda line: (lambda f: (f[0], f[1], f[4], f[5], f[6]))(line.split("\t"))  # noqa: E731
+    else:
+        source = _first_existing(path / f"{stem}.txt", path / f"{stem}.txt.gz")
+        if source is None:
+            raise InputError(path, f"no {stem}.tsv or {stem}.txt[.gz]")
+        with _open_text(source) as handle:
+            records = [line.rstrip("\n") for line in handle if line.strip()]
+        parse = None
+    if len(records) != len(ref):
+        raise InputError(source, f"{len(records)} rows but {stem}.ref has {len(ref)}: the files must align")
+    for line_no, (line, (q_index, s_index, label)) in enumerate(zip(records, ref), 2 if parse else 1):
+        fields = line.split("\t")
+        if len(fields) != (7 if parse else 3):
+            raise InputError(f"{source}:{line_no}", f"expected {7 if parse else 3} tab-separated columns, got {len(fields)}")
+        if parse:
+            question_id, question, sentence_id, sentence, text_label = parse(line)
+        else:  # train: no ids in the shipped files; the .ref indices name question and sentence
+            question_id, question, sentence, text_label = f"T{q_index}", fields[0], fields[1], fields[2]
+            sentence_id = f"T{q_index}-{s_index}"
+        if text_label.strip() != str(label):
+            raise InputError(f"{source}:{line_no}", f"label {text_label.strip()} disagrees with {stem}.ref ({label})")
+        rows.append((q_index, question_id, question, sentence_id, label))
+        texts[sentence_id] = sentence
+    return rows, texts
+
+
+def load_wikiqa_directory(path: Path, name: str | None = None) -> Collection:
+    """WikiQA (Yang, Yih, Meek, EMNLP 2015) from its official files (``../shared/data/wikiqa``).
+
+    Splits ``train``, ``dev``, ``test``: ``dev`` and ``test`` are the standard filtered sets
+    (``WikiQA-*-filtered.ref``: questions with at least one correct and one incorrect
+    candidate: 122 and 237 questions), ``dev-unfiltered`` and ``test-unfiltered`` every
+    question (296 and 633); ``train`` is every training question (2,118; 873 have an
+    answer). A document is one candidate sentence (dev/test: its ``SentenceID``; train,
+    shipped without ids: ``T<question>-<sentence>`` from the ``.ref`` indices), a query id
+    the ``QuestionID`` (train: ``T<question index>``). Each split's candidate lists, in the
+    official order, are its ``given`` run.
+    """
+    path = Path(path)
+    corpus: dict[str, Document] = {}
+    queries: dict[str, str] = {}
+    qrels: dict[str, Qrels] = {}
+    given: dict[str, dict[str, dict[str, float]]] = {}
+    for split in ("train", "dev", "test"):
+        rows, texts = _read_wikiqa_split(path, split)
+        corpus.update({d: Document(d, "", t) for d, t in texts.items()})
+        lists: dict[str, list[str]] = {}
+        judged: Qrels = {}
+        index_to_id: dict[str, str] = {}
+        for q_index, question_id, question, sentence_id, label in rows:
+            queries[question_id] = question
+            index_to_id[q_index] = question_id
+            lists.setdefault(question_id, []).append(sentence_id)
+            judged.setdefault(question_id, {})[sentence_id] = label
+        filtered_file = path / f"WikiQA-{split}-filtered.ref"
+        if split == "train" or not filtered_file.exists():
+            names = {split: set(lists)}
+        else:
+            kept = {index_to_id[q] for q, _, _ in _read_wikiqa_ref(filtered_file) if q in index_to_id}
+            names = {split: kept, f"{split}{UNFILTERED}": set(lists)}
+        for split_name, ids in names.items():
+            qrels[split_name] = {q: judged[q] for q in sorted(ids)}
+            given[split_name] = _given_run({q: lists[q] for q in sorted(ids)})
+    return Collection(name=name or path.name, corpus=corpus, queries=queries, qrels=qrels, given=given)
+
+
 _KNOWN_SPLITS = ("train", "dev", "validation", "test")
 
 
@@ -437,10 +560,13 @@ def _load_directory(path: Path, name: str) -> Collection:
     properties = read_collection_file(path / COLLECTION_FILE) if (path / COLLECTION_FILE).is_file() else {}
     if _first_existing(path / "corpus.jsonl", path / "corpus.jsonl.gz"):
         collection = load_beir_directory(path, name)
+    elif (path / WIKIQA_TEST_FILE).exists():
+        collection = load_wikiqa_directory(path, name)
     elif any(path.glob("topics*")) and any(path.glob("qrels*")):
         collection = load_trec_directory(path, name)
     else:
-        raise InputError(path, "neither a BEIR directory (corpus.jsonl, queries.jsonl, qrels/) nor TREC topics and qrels")
+        raise InputError(path, "neither a BEIR directory (corpus.jsonl, queries.jsonl, qrels/), TREC topics and qrels, "
+                               "nor the WikiQA files")
     if properties.get("relevance_level") is not None:
         collection.relevance_level = properties["relevance_level"]
     if properties.get("corpus"):

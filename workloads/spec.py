@@ -11,7 +11,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS
+from workloads.batching import BATCHINGS
 from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, loss_parameters
+from workloads.perturbations import PERTURBATIONS
+
+PERTURBATION_NAMES = tuple(PERTURBATIONS)
 
 FIXED_SIZES = (100, 1_000, 2_000, 10_000, 100_000)
 
@@ -29,6 +33,9 @@ class DataSpec(_Strict):
     validation_queries: int = Field(default=50, ge=5, description="queries carved from train_split when no validation split")
     test_split: str = "test"
     test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
+    test_perturbation: Literal[PERTURBATION_NAMES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="test on the test queries perturbed this way, those that have a variant (CFT); "
+                                  "set per evaluation target by `robustness`")
 
     @model_validator(mode="after")
     def _splits_apart(self) -> DataSpec:
@@ -46,12 +53,27 @@ class DataSpec(_Strict):
 
 
 class FirstStageSpec(_Strict):
-    method: Literal["bm25"] = "bm25"
+    """Where candidates and training negatives come from (``workloads.retrieval.first_stage``)."""
+
+    method: Literal["bm25", "given", "run"] = Field(
+        default="bm25", description="bm25: Pyserini BM25; given: the collection's own candidate lists (WikiQA); "
+                                    "run: a TREC run file (path)")
+    path: str | None = Field(default=None, description="run: the TREC run file ranking train, validation and test queries")
     k1: float = Field(default=0.9, gt=0)
     b: float = Field(default=0.4, ge=0, le=1)
     train_depth: int = Field(default=100, ge=2, description="top-k of training queries that negatives are drawn from")
     validation_depth: int = Field(default=100, ge=1, description="top-k re-ranked for validation")
     test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (METHODS: 100)")
+
+    @model_validator(mode="after")
+    def _method_options(self) -> FirstStageSpec:
+        if self.method == "run" and not self.path:
+            raise ValueError("method 'run' needs path (a TREC run file)")
+        if self.method != "run" and self.path:
+            raise ValueError(f"path has no effect with method '{self.method}'")
+        if self.method != "bm25" and (self.k1, self.b) != (type(self).model_fields["k1"].default, type(self).model_fields["b"].default):
+            raise ValueError(f"k1 and b belong to bm25, not to method '{self.method}'")
+        return self
 
 
 class RerankingSpec(_Strict):
@@ -74,14 +96,23 @@ class RerankingSpec(_Strict):
 
 
 class TrainingDataSpec(_Strict):
-    size: int | Literal["full"] = Field(default=1_000, description="query-document pairs: N/2 triples (AUG section 6.3)")
+    # declared first so that size's check can read it (a default 1 is left out of trial keys)
+    negatives: int = Field(default=1, ge=1, description="negatives per positive, drawn without replacement from the query's "
+                                                        "first-stage list (a query with fewer gives all it has)")
+    size: int | Literal["full"] = Field(
+        default=1_000, description="query-document pairs: N/2 triples (AUG section 6.3); N/(1 + negatives) rows")
     seed: int = 13
 
     @field_validator("size")
     @classmethod
-    def _even(cls, size: int | str) -> int | str:
-        if size != "full" and (size < 2 or size % 2):
-            raise ValueError(f"size must be an even number of pairs >= 2 or 'full', got {size}")
+    def _whole_rows(cls, size: int | str, info) -> int | str:
+        negatives = info.data.get("negatives", 1)
+        per_row = 1 + negatives
+        if size != "full" and (size < per_row or size % per_row):
+            if per_row == 2:
+                raise ValueError(f"size must be an even number of pairs >= 2 or 'full', got {size}")
+            raise ValueError(f"size must be a multiple of {per_row} pairs (1 positive + {negatives} negatives per row) "
+                             f"or 'full', got {size}")
         return size
 
 
@@ -116,6 +147,9 @@ class LossSpec(_Strict):
         default="leave_one_out", description="ctriplet: the own-class centroid without the pair itself (Wieczorek et al.) or with it")
     tml_reduction: Literal["all", "nonzero"] = Field(
         default="all", description="tml: mean over all triplets, or over the non-zero ones (CFT's library)")
+    tml_anchors: Literal["positives", "all"] = Field(
+        default="positives", description="tml: relevant anchors, k+ of other queries, k- of the anchor's query (CFT eq. 3), "
+                                         "or every label-defined triplet (CFT's library)")
     nca_map: Literal["learned", "identity"] = Field(
         default="learned", description="nca: a learned linear map A (identity-initialised) or A = I (then NCA = SCL at tau = s/2)")
     nca_scale: float = Field(default=1.0, gt=0, description="nca: s in exp(-||A Phi_i - A Phi_j||^2 / s)")
@@ -224,6 +258,9 @@ class AugmentationSpec(_Strict):
 
 class OptimizationSpec(_Strict):
     epochs: int = Field(default=1, ge=1)
+    batching: Literal[BATCHINGS] = Field(  # type: ignore[valid-type]
+        default="triples", description="triples (AUG); per_query: whole lists of 1 positive + n negatives (MHL, listwise); "
+                                       "cft: one list + positives of other queries (CFT's contrastive batches)")
     batch_size: int = Field(default=16, ge=2, description="query-document pairs per step, before augmentation")
     learning_rate: float = Field(default=1e-4, gt=0, lt=1)
     weight_decay: float = Field(default=0.01, ge=0)
@@ -233,13 +270,33 @@ class OptimizationSpec(_Strict):
         default="auto", description="auto: bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU"
     )
     eval_batch_size: int = Field(default=64, ge=1)
+    cft_positives: int = Field(default=16, ge=2, description="cft: positives per batch, of distinct queries (CFT: 16)")
+
+    @model_validator(mode="after")
+    def _cft_positives_where_read(self) -> OptimizationSpec:
+        # a non-default value nothing reads is a mistake; defaults pass, so a dumped spec validates again
+        if self.batching != "cft" and self.cft_positives != type(self).model_fields["cft_positives"].default:
+            raise ValueError(f"cft_positives has no effect with batching '{self.batching}'")
+        return self
 
     @field_validator("batch_size")
     @classmethod
-    def _even_batch(cls, batch_size: int) -> int:
-        if batch_size % 2:
+    def _even_for_triples(cls, batch_size: int, info) -> int:
+        if info.data.get("batching", "triples") == "triples" and batch_size % 2:
             raise ValueError(f"batch_size counts pairs and holds whole (positive, negative) triples: must be even, got {batch_size}")
         return batch_size
+
+    def check_batch(self, negatives: int) -> None:
+        """batch_size holds whole rows of the chosen batching (``negatives`` per positive)."""
+        if self.batching == "triples":
+            if negatives != 1:
+                raise ValueError(f"training_data.negatives {negatives} needs batching per_query or cft (triples hold one)")
+        elif self.batching == "per_query" and self.batch_size % (1 + negatives):
+            raise ValueError(f"batching per_query: batch_size {self.batch_size} must be a multiple of 1 + {negatives} "
+                             "(whole lists of 1 positive + training_data.negatives)")
+        elif self.batching == "cft" and self.batch_size != self.cft_positives + negatives:
+            raise ValueError(f"batching cft: batch_size must be cft_positives + training_data.negatives = "
+                             f"{self.cft_positives + negatives}, got {self.batch_size}")
 
 
 class ResourcesSpec(_Strict):
@@ -261,9 +318,20 @@ class TrialSpec(_Strict):
     augmentation: AugmentationSpec = AugmentationSpec()
     optimization: OptimizationSpec = OptimizationSpec()
     resources: ResourcesSpec = ResourcesSpec()
+    robustness: list[Literal[PERTURBATION_NAMES]] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="perturbed copies of the test queries, each an evaluation target of the chosen "
+                                          "model (CFT: punctuation, typo, contraction)")
 
     @model_validator(mode="after")
     def _augmentation_where_needed(self) -> TrialSpec:
         if self.loss.contrastive == "infonce" and self.augmentation.method == "none":
             raise ValueError("contrastive 'infonce' contrasts a relevant pair with its augmented view: set augmentation.method")
+        self.optimization.check_batch(self.training_data.negatives)
+        if self.optimization.batching != "triples" and self.augmentation.method != "none":
+            raise ValueError(f"augmentation pairs each triple with its augmented copy: it needs batching triples, "
+                             f"not '{self.optimization.batching}'")
+        if len(set(self.robustness)) != len(self.robustness):
+            raise ValueError(f"robustness lists a perturbation twice: {self.robustness}")
+        if self.robustness and self.data.test_perturbation:
+            raise ValueError("robustness perturbs the clean test queries: leave data.test_perturbation unset")
         return self

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
-from workloads.batches import PairStructure, triples_to_batch
+from workloads.batches import PairStructure
+from workloads.batching import make_batch, plan_epoch, rows_per_batch
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.logs import get_logger, progress_bar
 from workloads.losses import ModelOutputs, PairLoss, build_loss
@@ -187,11 +188,16 @@ def train_cross_encoder(
         wrapped = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
 
     triples = pq.read_table(inputs.training_set).to_pylist()
-    triples_per_batch = opt.batch_size // 2
-    batches_per_epoch = len(triples) // triples_per_batch  # incomplete last batch dropped
+    negatives = spec.training_data.negatives
+
+    def plan(rows: list[dict], epoch: int):
+        return plan_epoch(rows, opt.batching, opt.batch_size, negatives, opt.cft_positives, spec.seed, epoch)
+
+    batches_per_epoch = len(plan(triples, 1))  # incomplete last batch dropped
     steps_per_rank = batches_per_epoch // world
     if steps_per_rank == 0:
-        raise ValueError(f"{len(triples)} triples make no full batch of {triples_per_batch} triples per worker x {world} workers")
+        raise ValueError(f"{len(triples)} training rows make no full batch ({opt.batching}, "
+                         f"{rows_per_batch(opt.batching, opt.batch_size, negatives)} rows) per worker x {world} workers")
     total_steps = steps_per_rank * opt.epochs
     optimizer = torch.optim.AdamW(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
@@ -213,14 +219,12 @@ def train_cross_encoder(
     for epoch in range(first_epoch, opt.epochs + 1):
         rows = with_augmentation(triples, inputs.augmentation_for(epoch), inputs.training_set)
         wrapped.train()
-        order = list(range(len(rows)))
-        random.Random(spec.seed * 1_000 + epoch).shuffle(order)
-        my_batches = [order[b * triples_per_batch:(b + 1) * triples_per_batch] for b in range(rank, steps_per_rank * world, world)]
+        my_batches = plan(rows, epoch)[rank:steps_per_rank * world:world]
         started = time.perf_counter()
         total_loss = 0.0
         parts: dict[str, float] = {}
-        for step, batch_rows in enumerate(my_batches, 1):
-            batch = triples_to_batch([rows[i] for i in batch_rows])
+        for step, planned in enumerate(my_batches, 1):
+            batch = make_batch(rows, planned, opt.batching)
             pairs = model.encode(batch.queries, batch.documents).to(device)
             loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
                                      batch.structure.to(device), opt.max_grad_norm)

@@ -31,9 +31,13 @@ VALIDATION_CARVE_SEED = 20231126
 
 @dataclass(frozen=True)
 class Triple:
+    """A training row: one judged-relevant document and its negatives of the same query (the
+    first in ``negative_id``, any others, with ``training_data.negatives`` > 1, after it)."""
+
     query_id: str
     positive_id: str
     negative_id: str
+    more_negative_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,13 @@ def ranked(docs: dict[str, float]) -> list[str]:
 
 
 def sample_triples(
-    run: Run, qrels: Qrels, query_ids: list[str], relevance_level: int, depth: int, seed: int
+    run: Run, qrels: Qrels, query_ids: list[str], relevance_level: int, depth: int, seed: int, negatives: int = 1
 ) -> tuple[list[Triple], TripleStats]:
-    """All (q, d+, d-) triples from the top-``depth`` of ``run``, shuffled by ``seed``."""
+    """All (q, d+, d-) triples from the top-``depth`` of ``run``, shuffled by ``seed``; with
+    ``negatives`` > 1, each positive draws that many distinct negatives (all when the query
+    has fewer)."""
     rng = random.Random(seed)
+    per_positive = negatives
     triples: list[Triple] = []
     judged = retrieved = no_negative = 0
     for qid in sorted(query_ids):
@@ -70,27 +77,32 @@ def sample_triples(
         judged += sum(1 for g in grades.values() if g >= relevance_level)
         top = ranked(run.get(qid, {}))[:depth]
         positives = [d for d in top if grades.get(d, 0) >= relevance_level]
-        negatives = [d for d in top if grades.get(d, 0) < relevance_level]
+        pool = [d for d in top if grades.get(d, 0) < relevance_level]
         retrieved += len(positives)
-        if positives and not negatives:
+        if positives and not pool:
             no_negative += 1
             continue
         for pos in positives:
-            triples.append(Triple(qid, pos, rng.choice(negatives)))
+            if per_positive == 1:  # the draw of every training set made before lists existed
+                triples.append(Triple(qid, pos, rng.choice(pool)))
+            else:
+                drawn = rng.sample(pool, min(per_positive, len(pool)))
+                triples.append(Triple(qid, pos, drawn[0], tuple(drawn[1:])))
     rng.shuffle(triples)
     stats = TripleStats(len(query_ids), judged, retrieved, no_negative, len(triples))
     return triples, stats
 
 
-def select_size(triples: list[Triple], size: int | str, source: str) -> list[Triple]:
+def select_size(triples: list[Triple], size: int | str, source: str, pairs_per_row: int = 2) -> list[Triple]:
+    """The first rows making ``size`` pairs (rows of ``pairs_per_row``: 2 for triples)."""
     if size == "full":
         return triples
-    needed = int(size) // 2
+    needed = int(size) // pairs_per_row
     if needed > len(triples):
         raise InputError(
             source,
-            f"training size {size} needs {needed} triples but the first stage yields only {len(triples)} "
-            f"({2 * len(triples)} pairs): choose a smaller size or 'full'",
+            f"training size {size} needs {needed} {'triples' if pairs_per_row == 2 else f'rows of {pairs_per_row} pairs'} "
+            f"but the first stage yields only {len(triples)}: choose a smaller size or 'full'",
         )
     return triples[:needed]
 
@@ -100,6 +112,9 @@ TRAINING_SCHEMA = pa.schema([
     ("positive_id", pa.string()), ("positive", pa.string()),
     ("negative_id", pa.string()), ("negative", pa.string()),
 ])
+# With negatives > 1: every negative of the row (the first one is negative_id again).
+LIST_SCHEMA = TRAINING_SCHEMA.append(pa.field("negative_ids", pa.list_(pa.string()))).append(
+    pa.field("negatives", pa.list_(pa.string())))
 
 
 def build_training_set(
@@ -111,27 +126,30 @@ def build_training_set(
     depth: int,
     size: int | str,
     seed: int,
+    negatives: int = 1,
 ) -> tuple[Path, TripleStats]:
     """The Parquet training set for these inputs, built once and then reused."""
-    key = stable_key(collection.fingerprint, split, sorted(query_ids), run_key, depth, size, seed)
+    key_parts = (collection.fingerprint, split, sorted(query_ids), run_key, depth, size, seed) + ((negatives,) if negatives > 1 else ())
+    key = stable_key(*key_parts)
     path = cache_dir() / "training" / f"{collection.name.replace('/', '_')}-{split}-{size}-s{seed}-{key}.parquet"
     qrels = collection.split_qrels(split)
-    triples, stats = sample_triples(run, qrels, query_ids, collection.relevance_level, depth, seed)
-    chosen = select_size(triples, size, f"{collection.name} {split}")
+    triples, stats = sample_triples(run, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
+    chosen = select_size(triples, size, f"{collection.name} {split}", 1 + negatives)
     if path.exists():
         return path, stats
-    get_logger("data").info(f"training set: {len(chosen)} triples ({2 * len(chosen)} pairs) from {stats.triples} available -> {path}")
-    table = pa.Table.from_pylist(
-        [
-            {
-                "query_id": t.query_id, "query": collection.queries[t.query_id],
-                "positive_id": t.positive_id, "positive": collection.document(t.positive_id).contents,
-                "negative_id": t.negative_id, "negative": collection.document(t.negative_id).contents,
-            }
-            for t in chosen
-        ],
-        schema=TRAINING_SCHEMA,
-    )
+    pairs = sum(2 + len(t.more_negative_ids) for t in chosen)
+    get_logger("data").info(f"training set: {len(chosen)} rows ({pairs} pairs) from {stats.triples} available -> {path}")
+
+    def row(t: Triple) -> dict:
+        out = {"query_id": t.query_id, "query": collection.queries[t.query_id],
+               "positive_id": t.positive_id, "positive": collection.document(t.positive_id).contents,
+               "negative_id": t.negative_id, "negative": collection.document(t.negative_id).contents}
+        if negatives > 1:
+            ids = [t.negative_id, *t.more_negative_ids]
+            out |= {"negative_ids": ids, "negatives": [collection.document(d).contents for d in ids]}
+        return out
+
+    table = pa.Table.from_pylist([row(t) for t in chosen], schema=LIST_SCHEMA if negatives > 1 else TRAINING_SCHEMA)
     with atomic_path(path, ".parquet") as tmp:
         pq.write_table(table, tmp)
     return path, stats
@@ -145,7 +163,8 @@ CANDIDATE_SCHEMA = pa.schema([
 
 def build_candidates(collection: Collection, queries: dict[str, str], run: Run, run_key: str, depth: int) -> Path:
     """The top-``depth`` first-stage candidates of ``queries`` with their texts, for re-ranking."""
-    key = stable_key(collection.fingerprint, sorted(queries), run_key, depth)
+    # the texts, not only the ids: a perturbed query set has the same ids and other texts
+    key = stable_key(collection.fingerprint, sorted(queries.items()), run_key, depth)
     path = cache_dir() / "candidates" / f"{collection.name.replace('/', '_')}-top{depth}-{key}.parquet"
     if path.exists():
         return path

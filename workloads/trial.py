@@ -22,8 +22,10 @@ from workloads.collections import Collection, Qrels, resolve_collection
 from workloads.errors import InputError
 from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder, require_model_available
+from workloads.perturbations import perturb_queries
 from workloads.reranking import Reranking, rerank_and_evaluate
-from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieve
+from workloads.retrieval.bm25 import read_trec_run
+from workloads.retrieval.first_stage import first_stage_run
 from workloads.spec import TrialSpec
 from workloads.training import WEIGHT_METRIC, TrainingInputs, train_cross_encoder
 from workloads.training_data import build_candidates, build_training_set, carve_validation_queries
@@ -43,9 +45,8 @@ class PreparedTrial:
     data_stats: dict[str, int] = field(default_factory=dict)
 
 
-def _first_stage(collection: Collection, queries: dict[str, str], k: int, spec: TrialSpec):
-    params = BM25Params(k1=spec.first_stage.k1, b=spec.first_stage.b)
-    run, path = retrieve(collection, queries, k=k, params=params)
+def _first_stage(collection: Collection, split: str, queries: dict[str, str], k: int, spec: TrialSpec):
+    run, path = first_stage_run(collection, split, queries, k, spec.first_stage)
     return run, path, path.stem
 
 
@@ -102,14 +103,21 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     same_collection = spec.data.test_collection in (None, spec.data.collection)
     test_collection = collection if same_collection else resolve_collection(spec.data.test_collection)
     test_queries = test_collection.split_queries(spec.data.test_split)
+    test_qrels = test_collection.split_qrels(spec.data.test_split)
+    if spec.data.test_perturbation:  # robustness: the queries that have a variant, as perturbed (CFT)
+        test_queries = perturb_queries(test_queries, spec.data.test_perturbation)
+        test_qrels = {q: test_qrels[q] for q in test_queries}
+        if not test_queries:
+            raise InputError(test_collection.name, f"no {spec.data.test_split} query has a '{spec.data.test_perturbation}' variant")
     # before anything is computed: a shared query would be trained or chosen on, then reported as held out
     require_disjoint(collection, {"train": train_ids, "validation": validation_queries,
                                   **({"test": test_queries} if same_collection else {})})
 
-    train_run, _, train_run_key = _first_stage(collection, {q: train_queries[q] for q in train_ids}, fs.train_depth, spec)
+    train_run, _, train_run_key = _first_stage(collection, spec.data.train_split, {q: train_queries[q] for q in train_ids},
+                                                fs.train_depth, spec)
     training_set, stats = build_training_set(
         collection, spec.data.train_split, train_ids, train_run, train_run_key, fs.train_depth,
-        spec.training_data.size, spec.training_data.seed)
+        spec.training_data.size, spec.training_data.seed, spec.training_data.negatives)
 
     augmentations: list[Path] = []
     augmentation_stats: dict[str, int] = {}
@@ -120,13 +128,13 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         augmentation_stats["augmentation_rows_without_sentences"] = pq.read_table(
             augmentations[0], columns=["augmented_positive"]).column(0).null_count
 
-    validation_run, validation_run_path, validation_key = _first_stage(collection, validation_queries, BASELINE_DEPTH, spec)
+    validation_run, validation_run_path, validation_key = _first_stage(collection, spec.data.validation_split or spec.data.train_split,
+                                                                       validation_queries, BASELINE_DEPTH, spec)
     validation_candidates = build_candidates(collection, validation_queries, validation_run, validation_key, fs.validation_depth)
     first_stage_validation = evaluate(validation_run, validation_qrels, collection.relevance_level).aggregate
 
-    test_run, test_run_path, test_key = _first_stage(test_collection, test_queries, BASELINE_DEPTH, spec)
+    test_run, test_run_path, test_key = _first_stage(test_collection, spec.data.test_split, test_queries, BASELINE_DEPTH, spec)
     test_candidates = build_candidates(test_collection, test_queries, test_run, test_key, fs.test_depth)
-    test_qrels = test_collection.split_qrels(spec.data.test_split)
 
     return PreparedTrial(
         training=TrainingInputs(

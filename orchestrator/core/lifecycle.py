@@ -9,7 +9,7 @@ the training steps inside Ray Tune (one Tune trial per Optuna suggestion, logged
 run by the same :func:`training_summary`) and evaluates each cell's winner on the cell run
 with the same :func:`submit_evaluations` and :func:`log_target`. An evaluation target is a
 trial spec whose test data is the target: the trial's own test data first, then each
-zero-shot collection (later: each perturbed query set).
+perturbed copy of its test queries, then each zero-shot collection.
 """
 
 from __future__ import annotations
@@ -52,9 +52,14 @@ def collection_label(collection: str, split: str) -> str:
 
 def targets(spec: TrialSpec, zero_shot: Sequence[tuple[str, str]] = ()) -> list[Target]:
     """The trial's own test data (``data.test_collection`` or its collection, ``test_split``),
-    then each zero-shot (collection, split)."""
+    its perturbed copies (``robustness``), then each zero-shot (collection, split)."""
     own = spec.data.test_collection or spec.data.collection
-    out = [Target(schema.TEST, collection_label(own, spec.data.test_split), spec)]
+    label = collection_label(own, spec.data.test_split)
+    out = [Target(schema.TEST, label, spec)]
+    for perturbation in spec.robustness:
+        data = spec.data.model_copy(update={"test_perturbation": perturbation})
+        out.append(Target(schema.perturbed_target(perturbation), f"{label}+{perturbation}",
+                          spec.model_copy(update={"data": data})))
     for collection, split in zero_shot:
         data = spec.data.model_copy(update={"test_collection": collection, "test_split": split})
         out.append(Target(schema.zero_shot_target(collection, split), collection_label(collection, split),
@@ -309,6 +314,8 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         experiment_id = tracker.experiment_id(experiment or spec.name)
         ensure_selector(selectors[0], tracker, experiment_id, storage_path, ray_address)
     prepared = prepare_trial(spec)
+    for target in evaluation_targets[1:]:  # every target's data before training: a bad one stops the trial now
+        prepare_trial(target.spec)
     prepare_seconds = time.perf_counter() - started
 
     experiment_id = tracker.experiment_id(experiment or spec.name)  # written only once the inputs are known good

@@ -5,7 +5,7 @@ runs, and everything that reads them back (status, report, compare) agree on wha
 means. The per-epoch metrics are the data plane's (``workloads.training``: ``val_*``,
 ``train_*``, ``epoch_*``); this module names everything MLflow holds around them.
 
-Metric names of an evaluation target (``test``, ``zs_<collection>_<split>``, ...):
+Metric names of an evaluation target (``test``, ``zs_<collection>_<split>``, ``robust_<perturbation>``):
 ``<target>_<measure>`` is the final ranking, ``<target>_cross_encoder_<measure>`` the
 cross-encoder alone when the final ranking fuses the first stage,
 ``bm25_<target>_<measure>`` the first stage, ``<target>_interpolation_weight`` the weight
@@ -92,6 +92,14 @@ def zero_shot_target(collection: str, split: str) -> str:
     return f"zs_{collection.rsplit('/', 1)[-1]}_{split}"
 
 
+ROBUSTNESS_PREFIX = "robust_"
+
+
+def perturbed_target(perturbation: str) -> str:
+    """The trial's own test queries perturbed (``robust_typo``)."""
+    return f"{ROBUSTNESS_PREFIX}{perturbation}"
+
+
 def is_epoch_metric(name: str) -> bool:
     """A metric the training loop reports per epoch (not Ray's or Tune's bookkeeping)."""
     return name in EPOCH_METRICS or name.startswith(EPOCH_METRIC_PREFIXES)
@@ -153,14 +161,16 @@ def flat_params(spec: TrialSpec) -> dict[str, str]:
 # chosen losses do not read it or when it has that value, so results tracked before it
 # existed keep their identity (and are reused); any other value is a new experiment.
 _LEGACY_LOSS_VALUES = {"scl_normalization": "per_anchor", "ctriplet_centroid": "inclusive", "tml_reduction": "all",
-                       "nca_scale": 1.0}
+                       "nca_scale": 1.0, "tml_anchors": "positives"}
 
 
 def trial_key(spec: TrialSpec) -> str:
     """Identity of a trial's result: everything that changes it (its name and resources do not).
 
     A section or field at the value that reproduces earlier behaviour is left out when it
-    was added after trials were first keyed (``reranking``, the loss readings of
+    was added after trials were first keyed (``reranking``, ``first_stage.path``,
+    ``data.test_perturbation``, ``robustness``, ``training_data.negatives``,
+    ``optimization.batching`` and ``cft_positives``, the loss readings of
     ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
     tracked before it existed keep their identity. Augmented trials also key the sentence
     splitter's version: a new splitter makes new training data.
@@ -173,6 +183,18 @@ def trial_key(spec: TrialSpec) -> str:
     if loss.contrastive != "nca":  # nca_map's default was identity before NCA learned its map by default
         spec = spec.model_copy(update={"loss": loss.model_copy(update={"nca_map": "identity"})})
     exclude: dict = {"name": True, "resources": True}
+    if spec.first_stage.path is None:
+        exclude["first_stage"] = {"path"}  # added with the run-file first stage
+    if spec.data.test_perturbation is None:
+        exclude["data"] = {"test_perturbation"}  # added with robustness
+    if not spec.robustness:
+        exclude["robustness"] = True
+    if spec.training_data.negatives == 1:
+        exclude["training_data"] = {"negatives"}  # added with per-query lists
+    if spec.optimization.batching == "triples":
+        exclude["optimization"] = {"batching", "cft_positives"}
+    elif spec.optimization.batching != "cft":
+        exclude["optimization"] = {"cft_positives"}
     if spec.reranking == RerankingSpec():
         exclude["reranking"] = True
     exclude["loss"] = {f for f, legacy in _LEGACY_LOSS_VALUES.items() if f not in active or getattr(loss, f) == legacy}

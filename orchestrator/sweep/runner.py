@@ -525,6 +525,7 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict
     runs = tracker.client.search_runs([experiment.experiment_id], max_results=50_000) if experiment else []
     cells = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.CELL]
     trials = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.TRIAL]
+    selector_runs = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.SELECTOR]
     by_status = lambda rs, s: [r for r in rs if r.info.status == s]  # noqa: E731
     running_cells = {r.data.tags.get(schema.CELL_TAG) for r in by_status(trials, "RUNNING")}
     scored = [r for r in trials if schema.BEST_OBJECTIVE in r.data.metrics]
@@ -548,6 +549,12 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict
                  "value": best.data.metrics[schema.BEST_OBJECTIVE]} if best else None,
         "mean_trial_seconds": mean_wall,
         "eta_seconds": mean_wall * plan["trials_to_run"] / parallel if mean_wall is not None else None,
+        "selectors": len(plan.get("selectors", [])),
+        "selectors_trained": sum(1 for s in plan.get("selectors", []) if s["trained"]),
+        "selector_runs": [{"name": r.info.run_name, "status": r.info.status,
+                           "val_ndcg_at_10": r.data.metrics.get(schema.BEST_OBJECTIVE),
+                           "test_ndcg_at_10": r.data.metrics.get(f"{schema.target_prefix(schema.TEST)}ndcg_at_10")}
+                          for r in sorted(selector_runs, key=lambda r: r.info.run_name or "")],
         "failed_trials": [f"{r.info.run_name} ({r.data.tags.get(schema.CELL_TAG)}): {r.data.tags.get(schema.FAILURE_TAG, '?')} "
                           f"{r.data.tags.get(schema.ERROR_TAG, '')}".strip() for r in by_status(trials, "FAILED")],
     }

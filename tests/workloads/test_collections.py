@@ -157,7 +157,7 @@ def test_overlapping_splits_of_one_collection_are_refused_before_anything_is_com
     (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"query {q}"}) + "\n" for q in ("q1", "q2", "q3")))
     (root / "qrels" / "train.tsv").write_text("q1\td1\t1\nq2\td2\t1\n")  # q1 is judged in train and in test
     (root / "qrels" / "dev.tsv").write_text("q3\td1\t1\n")
-    monkeypatch.setattr(trial, "retrieve", lambda *a, **k: pytest.fail("computed something before the guard"))
+    monkeypatch.setattr(trial, "first_stage_run", lambda *a, **k: pytest.fail("computed something before the guard"))
     spec = TrialSpec.model_validate({"name": "t", "data": {"collection": str(root), "validation_split": "dev"},
                                      "model": {"name": "minilm-l6"}})
     with pytest.raises(InputError, match=r"overlap: train and test queries overlap: 1 shared \(e.g. 'q1'\)"):

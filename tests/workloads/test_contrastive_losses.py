@@ -303,3 +303,22 @@ def test_dwa_step_and_degenerate_counts_survive_a_checkpoint():
     older = fresh()
     load_loss_state(older, legacy)
     assert older.step == 0
+
+
+def test_tml_anchors_all_forms_every_label_defined_triplet():
+    """CFT's library (pytorch-metric-learning) knows labels only: every (a, k+ != a with a's
+    label, k- with the other label), non-relevant anchors included, queries ignored."""
+    m = 1.2
+    d = lambda i, j: math.sqrt(sqdist(i, j))  # noqa: E731
+    relevant, other = [0, 2, 4], [1, 3, 5]
+    triplets = [(a, p, n) for group, rest in ((relevant, other), (other, relevant)) for a in group for p in group if p != a
+                for n in rest]
+    assert len(triplets) == 2 * 3 * 2 * 3  # 36 here, against the 6 of CFT eq. 3 ("positives")
+    terms = [max(0.0, m + d(a, p) - d(a, n)) for a, p, n in triplets]
+    value = build_contrastive_loss("tml", contrastive_margin=m, tml_anchors="all")(outputs(), STRUCT).item()
+    assert value == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+    nonzero = [t for t in terms if t > 0]
+    library = build_contrastive_loss("tml", contrastive_margin=m, tml_anchors="all", tml_reduction="nonzero")
+    assert library(outputs(), STRUCT).item() == pytest.approx(sum(nonzero) / len(nonzero), rel=1e-5)
+    positives = build_contrastive_loss("tml", contrastive_margin=m)(outputs(), STRUCT).item()
+    assert abs(positives - value) > 1e-3  # the two readings differ on this batch

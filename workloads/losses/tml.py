@@ -4,14 +4,23 @@ from workloads.losses.base import MarginPairLoss, ModelOutputs
 from workloads.losses.contrastive import distances, normalized
 
 TML_REDUCTIONS = ("all", "nonzero")
+TML_ANCHORS = ("positives", "all")
 
 
 class TripletMargin(MarginPairLoss):
     """TML: triplet margin loss over relevance classes (CFT eq. 3).
 
-    Anchor a = a relevant pair (q, d+); k+ = a relevant pair of a *different* query in the
-    batch; k- = a non-relevant pair of the anchor's query; max(0, m + D(a, k+) - D(a, k-))
-    with Euclidean D on L2-normalised Phi, over every such (a, k+, k-) in the batch.
+    Triplets (``anchors``):
+
+    - ``positives`` (default, CFT eq. 3): anchor a = a relevant pair (q, d+); k+ = a
+      relevant pair of a *different* query in the batch; k- = a non-relevant pair of the
+      anchor's query;
+    - ``all``: every label-defined triplet, what the library CFT used computes from
+      relevance labels alone (pytorch-metric-learning's ``TripletMarginLoss``): any a,
+      any k+ != a with a's label, any k- with the other label, whatever their queries, so
+      non-relevant pairs are anchors too.
+
+    Each term is max(0, m + D(a, k+) - D(a, k-)) with Euclidean D on L2-normalised Phi.
 
     Reductions:
 
@@ -24,30 +33,38 @@ class TripletMargin(MarginPairLoss):
     Args:
         margin: m.
         reduction: ``all`` or ``nonzero``.
+        anchors: ``positives`` or ``all``.
     """
 
     name = "tml"
-    hyperparameters = {"contrastive_margin": "margin", "tml_reduction": "reduction"}
+    hyperparameters = {"contrastive_margin": "margin", "tml_reduction": "reduction", "tml_anchors": "anchors"}
     searchable = ("contrastive_margin",)
     default_margin = 0.5
 
-    def __init__(self, margin: float | None = None, reduction: str = "all") -> None:
+    def __init__(self, margin: float | None = None, reduction: str = "all", anchors: str = "positives") -> None:
         super().__init__(margin)
         if reduction not in TML_REDUCTIONS:
             raise ValueError(f"unknown TML reduction '{reduction}' (known: {', '.join(TML_REDUCTIONS)})")
-        self.reduction = reduction
+        if anchors not in TML_ANCHORS:
+            raise ValueError(f"unknown TML anchors '{anchors}' (known: {', '.join(TML_ANCHORS)})")
+        self.reduction, self.anchors = reduction, anchors
 
     @property
     def config(self) -> dict[str, float | str]:
-        return {"margin": self.margin, "reduction": self.reduction}
+        return {"margin": self.margin, "reduction": self.reduction, "anchors": self.anchors}
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         phi = normalized(outputs.phi)
         distance = distances(phi)
         relevant = structure.labels > 0.5
         same_query = structure.query_ids[:, None] == structure.query_ids[None, :]
-        positive = relevant[:, None] & relevant[None, :] & ~same_query      # [a, k+]
-        negative = relevant[:, None] & ~relevant[None, :] & same_query      # [a, k-]
+        if self.anchors == "all":
+            same_label = relevant[:, None] == relevant[None, :]
+            positive = same_label & ~torch.eye(len(relevant), dtype=torch.bool, device=relevant.device)  # [a, k+]
+            negative = ~same_label                                                                       # [a, k-]
+        else:
+            positive = relevant[:, None] & relevant[None, :] & ~same_query      # [a, k+]
+            negative = relevant[:, None] & ~relevant[None, :] & same_query      # [a, k-]
         valid = positive[:, :, None] & negative[:, None, :]                 # [a, k+, k-]
         if not valid.any():
             return self._nothing_to_compare(outputs)

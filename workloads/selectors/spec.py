@@ -68,7 +68,11 @@ def selector_trial(spec: TrialSpec) -> SelectorTrialSpec:
 def selector_key(spec: SelectorTrialSpec) -> str:
     from workloads.augmentation import SPLITTER_VERSION
 
-    exclude = {"name": True, "resources": True, "data": {"test_collection", "test_split"}, "first_stage": {"test_depth"}}
+    # first_stage.path left out while unset: it came after selectors were first keyed
+    first_stage = {"test_depth"} | ({"path"} if spec.first_stage.path is None else set())
+    training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
+    exclude = {"name": True, "resources": True, "data": {"test_collection", "test_split", "test_perturbation"},
+               "robustness": True, "first_stage": first_stage, "training_data": training_data}
     return stable_key(spec.model_dump_json(exclude=exclude), f"sentences-v{SPLITTER_VERSION}")
 
 

@@ -1,0 +1,126 @@
+"""Robustness to query perturbations (CFT Table 5; METHODS section 7; ROBUSTNESS.md).
+
+Each system (a trial run of ``orchestrate run``, or a sweep cell's winner) was tested on the
+clean test queries (``test_*``) and on each perturbed copy (``robust_<perturbation>_*``,
+only the queries that have a variant). A perturbed set is compared with the clean set **on
+the queries both contain** (the contraction set is a subset), by a paired test on the
+per-query values; systems (losses) are compared with the first row on each set, paired on
+that set's queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.core import schema
+from orchestrator.report.results import RunReader
+from orchestrator.report.tables import Entry, Table
+from workloads.evaluation import DISPLAY_NAMES
+from workloads.significance import TEST_NAMES, paired_test, relative_change, significance_level
+
+ROBUSTNESS_METRICS = ("ap", "p_at_1")  # CFT reports MAP and P@1
+CLEAN = "clean"
+
+
+@dataclass(frozen=True)
+class PerturbedMeasure:
+    """One system, one perturbation, one measure: perturbed vs clean on the shared queries."""
+
+    perturbation: str
+    metric: str
+    perturbed: float
+    clean_on_same_queries: float
+    p_value: float
+    queries: int
+
+    @property
+    def drop(self) -> float:
+        return self.perturbed - self.clean_on_same_queries
+
+
+def _per_query(reader: RunReader, run, target: str) -> dict[str, dict[str, float]] | None:
+    evaluation = reader.per_query(run, schema.target_prefix(target))
+    return None if evaluation is None else evaluation.values
+
+
+def perturbed_vs_clean(reader: RunReader, run, perturbations: list[str], metrics=ROBUSTNESS_METRICS,
+                       test: str = "t") -> list[PerturbedMeasure]:
+    """Every perturbation x measure of one run (those it was evaluated on)."""
+    clean = _per_query(reader, run, schema.TEST)
+    out = []
+    if clean is None:
+        return out
+    for perturbation in perturbations:
+        perturbed = _per_query(reader, run, schema.perturbed_target(perturbation))
+        if perturbed is None:
+            continue
+        for metric in metrics:
+            values = perturbed[metric]
+            same = {q: clean[metric][q] for q in values}
+            comparison = paired_test(values, same, test)
+            out.append(PerturbedMeasure(perturbation, metric, comparison.mean_a, comparison.mean_b, comparison.p_value,
+                                        comparison.num_queries))
+    return out
+
+
+def robustness_table(reader: RunReader, systems: list[tuple[str, object]], perturbations: list[str], title: str,
+                     test: str = "t", metrics=ROBUSTNESS_METRICS) -> Table:
+    """Rows: systems (label, MLflow run); columns: clean and each perturbation, per measure.
+
+    A perturbed entry shows its value, its change against the clean value **on the same
+    queries** in percent, and ``†``/``°`` when that change is significant (95%/90%). The notes
+    give each system against the first row on every column (paired, same queries)."""
+    sets = [CLEAN, *perturbations]
+    columns = [f"{name} {DISPLAY_NAMES[m]}" for name in sets for m in metrics]
+    values: dict[str, dict[str, dict[str, float]]] = {}  # label -> column -> per-query values
+    rows = []
+    for label, run in systems:
+        clean = _per_query(reader, run, schema.TEST) if run is not None else None
+        measured = {(m.perturbation, m.metric): m for m in perturbed_vs_clean(reader, run, perturbations, metrics, test)} if clean else {}
+        entries, mine = [], {}
+        for name in sets:
+            per_query = clean if name == CLEAN else (_per_query(reader, run, schema.perturbed_target(name)) if clean else None)
+            for metric in metrics:
+                column = f"{name} {DISPLAY_NAMES[metric]}"
+                if per_query is None:
+                    entries.append(Entry(None, "missing"))
+                    continue
+                mine[column] = per_query[metric]
+                value = sum(per_query[metric].values()) / len(per_query[metric])
+                if name == CLEAN:
+                    entries.append(Entry(value))
+                else:
+                    m = measured[(name, metric)]
+                    entries.append(Entry(value, relative=relative_change(m.perturbed, m.clean_on_same_queries),
+                                         p_value=m.p_value, level=significance_level(m.p_value)))
+        values[label] = mine
+        rows.append(([label], entries))
+    notes = [f"Perturbed columns: the change against the clean value on the same queries (the contraction set is a "
+             f"subset); † p < 0.05, ° p < 0.10 ({TEST_NAMES[test]}, perturbed vs clean)."]
+    if len(systems) > 1:
+        reference = systems[0][0]
+        for label, _ in systems[1:]:
+            parts = []
+            for column in columns:
+                a, b = values[label].get(column), values[reference].get(column)
+                if a is None or b is None:
+                    continue
+                comparison = paired_test(a, b, test)
+                parts.append(f"{column} {comparison.difference:+.4f} (p = {comparison.p_value:.3g})")
+            if parts:
+                notes.append(f"{label} vs {reference}: " + "; ".join(parts) + ".")
+    sizes = {name: len(next(iter(v.values()))) for name in sets for v in [_first(values, name, metrics)] if v}
+    if sizes:
+        notes.append("Queries: " + ", ".join(f"{name} {n}" for name, n in sizes.items()) + ".")
+    return Table(title, ["system"], columns, rows, notes)
+
+
+def _first(values: dict[str, dict[str, dict[str, float]]], name: str, metrics) -> dict[str, dict[str, float]] | None:
+    for mine in values.values():
+        found = {m: mine[f"{name} {DISPLAY_NAMES[m]}"] for m in metrics if f"{name} {DISPLAY_NAMES[m]}" in mine}
+        if found:
+            return found
+    return None
+
+
+__all__ = ["ROBUSTNESS_METRICS", "PerturbedMeasure", "perturbed_vs_clean", "robustness_table"]

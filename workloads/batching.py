@@ -1,0 +1,107 @@
+"""How training rows become steps (``optimization.batching``; CFT section 4, ROBUSTNESS.md).
+
+A training row is one judged-relevant (q, d+) with its negatives of the same query
+(``training_data.negatives``, drawn from the first-stage list). A step holds
+``optimization.batch_size`` pairs:
+
+- ``triples`` (default, AUG): batch_size / 2 rows, each (q, d+) and (q, d-), plus their
+  augmented pairs (AUG Algorithm 1);
+- ``per_query``: batch_size / (1 + n) rows, each 1 positive and its n negatives, what max
+  hinge (MHL) and listwise losses need (CFT: 1 + 15);
+- ``cft``: CFT's contrastive batches: one row's 1 positive + n negatives, and the positives
+  of ``cft_positives - 1`` rows of other, distinct queries (CFT: 16 positives + 15
+  negatives), so TML has positives of other queries.
+
+Every row is used once per epoch (as a group; a ``cft`` row may also lend its positive to
+other batches); the order is shuffled by (seed, epoch), the same on every worker, which
+then takes every world-th batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from workloads.batches import PairBatch, PairStructure, triples_to_batch
+
+BATCHINGS = ("triples", "per_query", "cft")
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    groups: tuple[int, ...]                  # rows giving (q, d+) and every negative
+    extra_positives: tuple[int, ...] = ()    # rows giving (q, d+) alone (cft)
+
+
+def rows_per_batch(batching: str, batch_size: int, negatives: int) -> int:
+    return batch_size // 2 if batching == "triples" else batch_size // (1 + negatives) if batching == "per_query" else 1
+
+
+def plan_epoch(rows: list[dict], batching: str, batch_size: int, negatives: int, cft_positives: int, seed: int,
+               epoch: int) -> list[PlannedBatch]:
+    """Every step of an epoch (an incomplete last batch is dropped)."""
+    if batching not in BATCHINGS:
+        raise ValueError(f"unknown batching '{batching}' (known: {', '.join(BATCHINGS)})")
+    order = list(range(len(rows)))
+    random.Random(seed * 1_000 + epoch).shuffle(order)  # the triples order since the first trial: keep it
+    size = rows_per_batch(batching, batch_size, negatives)
+    batches = [PlannedBatch(tuple(order[b * size:(b + 1) * size])) for b in range(len(rows) // size)]
+    if batching != "cft":
+        return batches
+    by_query: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_query.setdefault(row["query_id"], []).append(i)
+    if len(by_query) < cft_positives:
+        raise ValueError(f"cft batches need {cft_positives} distinct training queries, the training set has {len(by_query)}")
+    queries = sorted(by_query)
+    rng = random.Random(f"cft-{seed}-{epoch}")
+    planned = []
+    for batch in batches:
+        anchor_query = rows[batch.groups[0]]["query_id"]
+        others = rng.sample([q for q in queries if q != anchor_query], cft_positives - 1)
+        planned.append(PlannedBatch(batch.groups, tuple(rng.choice(by_query[q]) for q in others)))
+    return planned
+
+
+def row_negatives(row: dict) -> list[tuple[str, str]]:
+    """(doc id, text) of a row's negatives: the list columns when present, else its one negative."""
+    if row.get("negative_ids") is not None:
+        return list(zip(row["negative_ids"], row["negatives"]))
+    return [(row["negative_id"], row["negative"])]
+
+
+def lists_to_batch(groups: list[dict], extra_positives: list[dict] = ()) -> PairBatch:
+    """Per-query lists: each group's (q, d+) then its (q, d-_j); then the (q, d+) of the extra rows.
+    Pairs of one query share a query id; each group (and each extra positive) is one triple id."""
+    queries, documents, labels, query_ids, triple_ids = [], [], [], [], []
+    index: dict[str, int] = {}
+
+    def add(row: dict, text: str, label: float, triple: int) -> None:
+        queries.append(row["query"])
+        documents.append(text)
+        labels.append(label)
+        query_ids.append(index.setdefault(row["query_id"], len(index)))
+        triple_ids.append(triple)
+
+    for t, row in enumerate(groups):
+        add(row, row["positive"], 1.0, t)
+        for _, text in row_negatives(row):
+            add(row, text, 0.0, t)
+    for t, row in enumerate(extra_positives, len(groups)):
+        add(row, row["positive"], 1.0, t)
+    n = len(labels)
+    structure = PairStructure(torch.tensor(labels), torch.tensor(query_ids, dtype=torch.long),
+                              torch.tensor(triple_ids, dtype=torch.long), torch.zeros(n, dtype=torch.bool),
+                              torch.full((n,), -1, dtype=torch.long))
+    return PairBatch(queries, documents, structure)
+
+
+def make_batch(rows: list[dict], planned: PlannedBatch, batching: str) -> PairBatch:
+    if batching == "triples":
+        return triples_to_batch([rows[i] for i in planned.groups])
+    return lists_to_batch([rows[i] for i in planned.groups], [rows[i] for i in planned.extra_positives])
+
+
+__all__ = ["BATCHINGS", "PlannedBatch", "plan_epoch", "make_batch", "lists_to_batch", "row_negatives", "rows_per_batch"]
