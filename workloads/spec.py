@@ -271,6 +271,8 @@ class OptimizationSpec(_Strict):
     )
     eval_batch_size: int = Field(default=64, ge=1)
     cft_positives: int = Field(default=16, ge=2, description="cft: positives per batch, of distinct queries (CFT: 16)")
+    gradient_checkpointing: bool = Field(default=False, description="recompute activations in backward: less memory for "
+                                                                    "large blocks, about a third more compute")
 
     @model_validator(mode="after")
     def _cft_positives_where_read(self) -> OptimizationSpec:
@@ -299,6 +301,31 @@ class OptimizationSpec(_Strict):
                              f"{self.cft_positives + negatives}, got {self.batch_size}")
 
 
+class SIRSpec(_Strict):
+    """The SIR curriculum (``workloads.sir``; METHODS section 6, SIR.md) over blocks of
+    ``training_data.negatives`` + 1 (``optimization.batching: per_query``)."""
+
+    variant: Literal["v0", "v3", "v4"] = Field(
+        description="v0: no compression (the control); v3: one network, a forward per level, L_1 + L_M; "
+                    "v4: as v3 with conditional probabilities, sum of L_i")
+    levels: list[int] = Field(default_factory=lambda: [48, 16], min_length=1,
+                              description="sizes of the compressed levels, positive included (SIR: [48, 16] or [48, 16, 8])")
+    selection: Literal["top", "random"] = Field(default="top", description="top: the hardest negatives (ties by position); "
+                                                                           "random: the paper's ablation, seeded")
+    cpr: Literal["normalized_product", "literal"] = Field(
+        default="normalized_product", description="v4: softmax(sum_l log P_l) (= eq. 2 at level 1), or eq. 7 as printed")
+    per_level_forward: bool = Field(default=True, description="re-score survivors at every level (Algorithm 1); false "
+                                                              "reuses level 1's scores (an approximation)")
+
+    @model_validator(mode="after")
+    def _shrinking(self) -> SIRSpec:
+        if any(b >= a for a, b in zip(self.levels, self.levels[1:])) or min(self.levels) < 2:
+            raise ValueError(f"levels must shrink and keep at least the positive and one negative, got {self.levels}")
+        if self.variant != "v4" and self.cpr != "normalized_product":
+            raise ValueError(f"cpr has no effect with variant '{self.variant}' (only v4)")
+        return self
+
+
 class ResourcesSpec(_Strict):
     workers: int = Field(default=1, ge=1, description="Ray Train workers (data-parallel)")
     cpus_per_worker: float = Field(default=1, gt=0)
@@ -318,9 +345,21 @@ class TrialSpec(_Strict):
     augmentation: AugmentationSpec = AugmentationSpec()
     optimization: OptimizationSpec = OptimizationSpec()
     resources: ResourcesSpec = ResourcesSpec()
+    sir: SIRSpec | None = Field(default=None, description="the SIR hard-negative curriculum over blocks")
     robustness: list[Literal[PERTURBATION_NAMES]] = Field(  # type: ignore[valid-type]
         default_factory=list, description="perturbed copies of the test queries, each an evaluation target of the chosen "
                                           "model (CFT: punctuation, typo, contraction)")
+
+    def _check_sir(self, sir: SIRSpec) -> None:
+        if self.optimization.batching != "per_query":
+            raise ValueError("sir trains on blocks: set optimization.batching per_query")
+        if self.loss.ranking not in ("sir", "listwise"):
+            raise ValueError(f"sir's level loss is the ranking loss sir or listwise, not '{self.loss.ranking}'")
+        if sir.variant != "v0" and self.loss.contrastive != "none":
+            raise ValueError(f"sir variant {sir.variant} combines its levels' losses alone: contrastive must be none")
+        block = 1 + self.training_data.negatives
+        if sir.variant != "v0" and sir.levels[0] >= block:
+            raise ValueError(f"sir.levels {sir.levels} must start below the block size 1 + training_data.negatives = {block}")
 
     @model_validator(mode="after")
     def _augmentation_where_needed(self) -> TrialSpec:
@@ -330,6 +369,8 @@ class TrialSpec(_Strict):
         if self.optimization.batching != "triples" and self.augmentation.method != "none":
             raise ValueError(f"augmentation pairs each triple with its augmented copy: it needs batching triples, "
                              f"not '{self.optimization.batching}'")
+        if self.sir is not None:
+            self._check_sir(self.sir)
         if len(set(self.robustness)) != len(self.robustness):
             raise ValueError(f"robustness lists a perturbation twice: {self.robustness}")
         if self.robustness and self.data.test_perturbation:

@@ -127,6 +127,39 @@ class TrainingObjective(torch.nn.Module):
         return self.loss_fn(ModelOutputs(scores.float(), phi.float()), structure)
 
 
+class CurriculumObjective(TrainingObjective):
+    """SIR's levels in one forward of the objective (``workloads.sir``): level 1 scores every
+    pair of the batch's blocks, each later level re-scores its survivors. One objective
+    forward per step keeps data-parallel training to one forward per backward."""
+
+    def __init__(self, model: CrossEncoder, loss_fn: PairLoss, amp_dtype: torch.dtype | None, sir, ranking: str) -> None:
+        super().__init__(model, loss_fn, amp_dtype)
+        self.sir, self.ranking = sir, ranking
+        self.generator: torch.Generator | None = None  # set per step by the loop (random selection)
+
+    def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
+        from workloads.sir import curriculum_loss
+
+        device_type = next(self.model.parameters()).device.type
+
+        def score(index: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                return self.model(**{k: v[index] for k, v in inputs.items()})[0].float()
+
+        with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            first = self.model(**inputs)[0].float()
+        return curriculum_loss(score, first, structure, self.sir, self.ranking, self.generator)
+
+
+class StepOutOfMemoryError(MemoryError):
+    """A training step that does not fit, with the settings that make it smaller (a sweep
+    records it as ``failure=oom`` and does not retry it)."""
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+
+
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
 
 
@@ -182,7 +215,12 @@ def train_cross_encoder(
     model = CrossEncoder.from_pretrained(model_source, spec.model.max_length, spec.model.pooling).to(device)
     loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
     amp_dtype = autocast_dtype(device, opt.precision)
-    objective = TrainingObjective(model, loss_fn, amp_dtype)
+    if opt.gradient_checkpointing:
+        model.encoder.gradient_checkpointing_enable()
+    if spec.sir is not None and spec.sir.variant != "v0":
+        objective: TrainingObjective = CurriculumObjective(model, loss_fn, amp_dtype, spec.sir, spec.loss.ranking)
+    else:
+        objective = TrainingObjective(model, loss_fn, amp_dtype)
     wrapped: torch.nn.Module = objective
     if world > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
@@ -226,8 +264,18 @@ def train_cross_encoder(
         for step, planned in enumerate(my_batches, 1):
             batch = make_batch(rows, planned, opt.batching)
             pairs = model.encode(batch.queries, batch.documents).to(device)
-            loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
-                                     batch.structure.to(device), opt.max_grad_norm)
+            if isinstance(objective, CurriculumObjective):
+                objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
+            try:
+                loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
+                                         batch.structure.to(device), opt.max_grad_norm)
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not _out_of_memory(exc):
+                    raise
+                raise StepOutOfMemoryError(
+                    f"a step of {len(batch.documents)} sequences of up to {spec.model.max_length} tokens does not fit on "
+                    f"{device}: lower optimization.batch_size (pairs per step) or training_data.negatives (block size), "
+                    "set optimization.gradient_checkpointing: true, or lower model.max_length") from exc
             total_loss += float(loss)
             for name, value in loss_fn.last_parts.items():
                 parts[name] = parts.get(name, 0.0) + value

@@ -191,10 +191,14 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:
         exclude["training_data"] = {"negatives"}  # added with per-query lists
+    # gradient checkpointing changes memory, not results
+    exclude["optimization"] = {"gradient_checkpointing"}
     if spec.optimization.batching == "triples":
-        exclude["optimization"] = {"batching", "cft_positives"}
+        exclude["optimization"] |= {"batching", "cft_positives"}
     elif spec.optimization.batching != "cft":
-        exclude["optimization"] = {"cft_positives"}
+        exclude["optimization"] |= {"cft_positives"}
+    if spec.sir is None:
+        exclude["sir"] = True
     if spec.reranking == RerankingSpec():
         exclude["reranking"] = True
     exclude["loss"] = {f for f, legacy in _LEGACY_LOSS_VALUES.items() if f not in active or getattr(loss, f) == legacy}

@@ -11,6 +11,7 @@ from workloads.losses.base import ModelOutputs, PairLoss
 from workloads.losses.combined import RankingWithContrastive
 from workloads.losses.ctriplet import RankingCTriplet
 from workloads.losses.infonce import RankingInfoNCE
+from workloads.losses.listwise import ListwiseSoftmax, SIRLoss
 from workloads.losses.mhl import MaxHinge
 from workloads.losses.nca import RankingNCA
 from workloads.losses.pairwise import PairwiseHinge
@@ -22,6 +23,8 @@ RANKING_LOSSES: dict[str, type[PairLoss]] = {
     PointwiseBCE.name: PointwiseBCE,
     PairwiseHinge.name: PairwiseHinge,
     MaxHinge.name: MaxHinge,
+    ListwiseSoftmax.name: ListwiseSoftmax,
+    SIRLoss.name: SIRLoss,
 }
 CONTRASTIVE_LOSSES: dict[str, type[PairLoss]] = {
     RankingSCL.name: RankingSCL,

@@ -1,0 +1,163 @@
+"""SIR: eq. 1 and listwise softmax by hand, both CPR forms, selection, the curriculum's loss
+per variant against hand computations, and the clear error of a step that does not fit."""
+
+import math
+
+import pytest
+import torch
+
+from workloads.batching import lists_to_batch
+from workloads.losses import ModelOutputs, build_ranking_loss
+from workloads.sir import conditional_log_probs, curriculum_loss, select_survivors
+from workloads.spec import SIRSpec
+
+SCORES = [2.0, 1.0, 3.0, -1.0]  # one block: the positive first, then three negatives
+
+
+def softmax(values):
+    total = sum(math.exp(v) for v in values)
+    return [math.exp(v) / total for v in values]
+
+
+def eq1(p):
+    return -math.log(p[0]) - sum(math.log(1 - q) for q in p[1:])
+
+
+def block_batch(negatives_per_block=(3,)):
+    rows = [{"query_id": f"q{b}", "query": f"q{b}", "positive_id": f"p{b}", "positive": "p", "negative_id": "n0",
+             "negative": "n", "negative_ids": [f"n{j}" for j in range(n)], "negatives": ["n"] * n}
+            for b, n in enumerate(negatives_per_block)]
+    return lists_to_batch(rows)
+
+
+def test_sir_eq_1_and_listwise_softmax_against_hand_values():
+    structure = block_batch().structure
+    outputs = ModelOutputs(torch.tensor(SCORES), torch.zeros(4, 2))
+    p = softmax(SCORES)
+    assert build_ranking_loss("sir")(outputs, structure).item() == pytest.approx(eq1(p), rel=1e-6)
+    assert build_ranking_loss("sir")(outputs, structure).item() == pytest.approx(2.5954, abs=5e-4)  # 1.4196 + 0.0931 + 1.0706 + 0.0121
+    assert build_ranking_loss("listwise")(outputs, structure).item() == pytest.approx(-math.log(p[0]), rel=1e-6)
+    # eq. 1 is not listwise cross-entropy: it also pushes each negative down
+    assert build_ranking_loss("sir")(outputs, structure).item() > build_ranking_loss("listwise")(outputs, structure).item()
+
+
+def test_both_cpr_forms_against_hand_values_and_the_default_is_eq_2_at_level_1():
+    level1 = torch.log_softmax(torch.tensor([2.0, 1.0, 3.0]), 0)
+    level2 = torch.log_softmax(torch.tensor([0.5, -0.5, 1.5]), 0)
+    p1, p2 = softmax([2.0, 1.0, 3.0]), softmax([0.5, -0.5, 1.5])
+    product = [a * b for a, b in zip(p1, p2)]
+    normalized = [x / sum(product) for x in product]
+    assert conditional_log_probs([level1, level2]).exp().tolist() == pytest.approx(normalized, rel=1e-6)
+    assert conditional_log_probs([level1, level2], "literal").exp().tolist() == pytest.approx(softmax(product), rel=1e-6)
+    assert conditional_log_probs([level1]).exp().tolist() == pytest.approx(p1, rel=1e-6)  # = eq. 2 at level 1
+    assert conditional_log_probs([level1], "literal").exp().tolist() != pytest.approx(p1, rel=1e-3)  # eq. 7 as printed is not
+
+
+def test_selection_keeps_the_positive_first_and_the_top_negatives_ties_by_position():
+    scores = torch.tensor([0.0, 1.0, 5.0, 3.0, 5.0, 3.0])
+    assert select_survivors(scores, 3).tolist() == [0, 2, 4]        # the two 5s
+    assert select_survivors(scores, 4).tolist() == [0, 2, 3, 4]     # the 3s tie: the earlier one (3) wins
+    assert select_survivors(torch.tensor([9.0, 1.0]), 5).tolist() == [0, 1]  # fewer negatives than asked: all
+    first = select_survivors(scores, 3, "random", torch.Generator().manual_seed(4)).tolist()
+    assert first == select_survivors(scores, 3, "random", torch.Generator().manual_seed(4)).tolist()
+    draws = {tuple(select_survivors(scores, 3, "random", torch.Generator().manual_seed(s)).tolist()) for s in range(30)}
+    assert len(draws) > 3 and all(d[0] == 0 and len(d) == 3 for d in draws)
+
+
+def _rescorer(second):
+    """Level 2 re-scores survivors with these scores (by pair index): a stand-in network."""
+    return lambda index: torch.tensor([second[i] for i in index.tolist()])
+
+
+def test_the_curriculum_loss_per_variant_by_hand():
+    structure = block_batch().structure
+    first = torch.tensor(SCORES)
+    second = {0: 0.5, 1: 0.0, 2: 1.5, 3: 9.0}  # pair 3 (-1.0) is dropped at level 2: its score must not matter
+    spec = lambda variant, **kw: SIRSpec(variant=variant, levels=[3], **kw)  # noqa: E731  1 + 3 -> 3
+    # level 2 keeps the positive and the two hardest negatives: pairs 0, 2 (3.0) and 1 (1.0), in block order
+    survivors_first = softmax([SCORES[0], SCORES[1], SCORES[2]])
+    survivors_second = softmax([second[0], second[1], second[2]])
+    l1 = eq1(softmax(SCORES))
+    assert curriculum_loss(_rescorer(second), first, structure, spec("v0"), "sir").item() == pytest.approx(l1, rel=1e-6)
+    v3 = curriculum_loss(_rescorer(second), first, structure, spec("v3"), "sir").item()
+    assert v3 == pytest.approx(l1 + eq1(survivors_second), rel=1e-5)
+    p1_of_survivors = [softmax(SCORES)[i] for i in (0, 1, 2)]
+    cpr2 = [a * b for a, b in zip(p1_of_survivors, survivors_second)]
+    v4 = curriculum_loss(_rescorer(second), first, structure, spec("v4"), "sir").item()
+    assert v4 == pytest.approx(l1 + eq1([x / sum(cpr2) for x in cpr2]), rel=1e-5)
+    reuse = curriculum_loss(_rescorer(second), first, structure, spec("v3", per_level_forward=False), "sir").item()
+    assert reuse == pytest.approx(l1 + eq1(survivors_first), rel=1e-5)
+    listwise = curriculum_loss(_rescorer(second), first, structure, spec("v3"), "listwise").item()
+    assert listwise == pytest.approx(-math.log(softmax(SCORES)[0]) - math.log(survivors_second[0]), rel=1e-6)
+
+
+def test_the_curriculum_reaches_the_network_through_every_level():
+    structure = block_batch((3, 3)).structure
+    weight = torch.tensor(1.0, requires_grad=True)
+    raw = torch.tensor([2.0, 1.0, 3.0, -1.0, 0.0, 2.0, 1.0, 0.5])
+    loss = curriculum_loss(lambda index: weight * raw[index] * 0.5, weight * raw, structure, SIRSpec(variant="v4", levels=[3, 2]), "sir")
+    loss.backward()
+    assert torch.isfinite(loss) and weight.grad is not None and weight.grad.abs() > 0
+
+
+def test_sir_settings_are_checked():
+    from workloads.spec import TrialSpec
+
+    def spec(sir, **sections):
+        base = {"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, "loss": {"ranking": "sir"},
+                "training_data": {"negatives": 7, "size": 800}, "optimization": {"batching": "per_query", "batch_size": 16}}
+        return TrialSpec.model_validate({**base, **sections, "sir": sir})
+
+    assert spec({"variant": "v4", "levels": [4, 2]}).sir.cpr == "normalized_product"
+    with pytest.raises(ValueError, match="levels must shrink"):
+        spec({"variant": "v3", "levels": [4, 4]})
+    with pytest.raises(ValueError, match="must start below the block size 1 \\+ training_data.negatives = 8"):
+        spec({"variant": "v3", "levels": [8, 4]})
+    with pytest.raises(ValueError, match="ranking loss sir or listwise"):
+        spec({"variant": "v3", "levels": [4]}, loss={"ranking": "pointwise"})
+    with pytest.raises(ValueError, match="set optimization.batching per_query"):
+        spec({"variant": "v3", "levels": [4]}, optimization={"batch_size": 16}, training_data={"size": 800})
+    with pytest.raises(ValueError, match="cpr has no effect"):
+        spec({"variant": "v3", "levels": [4], "cpr": "literal"})
+
+
+def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
+    import workloads.training as training
+    from workloads.spec import TrialSpec
+    from workloads.trial import prepare_trial
+
+    spec = TrialSpec.model_validate({
+        "name": "oom", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"negatives": 7, "size": 64}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        "loss": {"ranking": "sir"}, "optimization": {"batching": "per_query", "batch_size": 16},
+        "sir": {"variant": "v3", "levels": [4, 2]}})
+    prepared = prepare_trial(spec)
+
+    def too_big(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(training, "optimization_step", too_big)
+    with pytest.raises(training.StepOutOfMemoryError, match=r"lower optimization.batch_size .* or training_data.negatives "
+                                                        r"\(block size\), set optimization.gradient_checkpointing: true"):
+        training.train_cross_encoder(spec, prepared.training, lambda *a: None)
+    from orchestrator.sweep.runner import _is_out_of_memory
+
+    assert issubclass(training.StepOutOfMemoryError, MemoryError) and _is_out_of_memory(training.StepOutOfMemoryError("x"))
+
+
+@pytest.mark.parametrize("variant", ["v0", "v3", "v4"])
+def test_a_tiny_sir_trial_in_process(tmp_path, tiny_model_dir, scifact_dir, variant):
+    from workloads.spec import TrialSpec
+    from workloads.trial import run_trial_in_process
+
+    spec = TrialSpec.model_validate({
+        "name": f"sir-{variant}", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"negatives": 7, "size": 32}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        "loss": {"ranking": "sir"}, "optimization": {"batching": "per_query", "batch_size": 16, "learning_rate": 1e-3,
+                                                     "gradient_checkpointing": variant == "v4"},
+        "sir": {"variant": variant, "levels": [4, 2]}})
+    _, records, tested = run_trial_in_process(spec, tmp_path / "checkpoints")
+    assert math.isfinite(records[0].metrics["train_loss"]) and records[0].metrics["train_loss"] > 0
+    assert tested.evaluation.num_queries == 300
