@@ -217,12 +217,14 @@ def _print_plan(report: dict) -> None:
         for s in report["selectors"]:
             emit(f"  {s['name']:<28}{s['method']:<11}{s['model'][:25]:<26}{s['size']:>7} pairs (data: {s['data']}, "
                  f"k {s['k']})  {s['cells']} cells  {'trained' if s['trained'] else 'to train'}")
-    header = f"{'cell':<22}{'model':<26}{'loss':<22}{'augmentation':<13}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}  searched / status"
+    width = max([22, *(len(c["loss"]) + 2 for c in report["cells_detail"])])
+    header = (f"{'cell':<22}{'model':<26}{'loss':<{width}}{'augmentation':<13}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}"
+              "  searched / status")
     emit(header)
     for c in report["cells_detail"]:
         status = c["unavailable"] or ", ".join(n.rstrip("_") for n in c["searched"])
         best = f"{c['best']:.4f}" if c["best"] is not None else "-"
-        emit(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<22}{c['augmentation']:<13}{c['size']:>7}{c['seed']:>6}"
+        emit(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<{width}}{c['augmentation']:<13}{c['size']:>7}{c['seed']:>6}"
               f"{c['trials_done']:>6}{best:>8}  {status}")
 
 

@@ -128,12 +128,27 @@ def loss_label(loss: LossSpec) -> str:
     return label
 
 
+def sir_label(sir) -> str:
+    """The SIR curriculum's part of the loss axis (``sir@v3[8-4]`` for the loss ``sir``),
+    settings other than the defaults after the levels (``@v4[48-16-8,random]``); empty
+    without a curriculum."""
+    if sir is None:
+        return ""
+    if sir.variant == "v0":
+        return "@v0"
+    settings = ["-".join(str(k) for k in sir.levels)]
+    settings += [sir.selection] if sir.selection != "top" else []
+    settings += [f"cpr={sir.cpr}"] if sir.cpr != "normalized_product" else []
+    settings += ["reused-scores"] if not sir.per_level_forward else []
+    return f"@{sir.variant}[{','.join(settings)}]"
+
+
 def axes(spec: TrialSpec) -> dict[str, str]:
     """A trial's grid coordinates (tags). A sweep's trial runs and their cell run carry the same
     values: searched hyper-parameters (k_a, lambda, tau, ...) are params, never axes."""
     return {
         "model": spec.model.name,
-        "loss": loss_label(spec.loss),
+        "loss": loss_label(spec.loss) + sir_label(spec.sir),
         "augmentation": spec.augmentation.method,
         "size": str(spec.training_data.size),
         "seed": str(spec.seed),

@@ -18,16 +18,23 @@ from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
 from workloads.losses import searchable_parameters
 from workloads.paths import stable_key
-from workloads.spec import LossSpec, RankingName, SelectorSpec, TrialSpec
+from workloads.spec import LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# A grid's loss entry is a (partial) LossSpec: its names and the settings that are not searched
-# (e.g. {ranking: pointwise, contrastive: tml, tml_reduction: nonzero}); searched ones come from `search`.
-LossCell = LossSpec
+class LossCell(LossSpec):
+    """A grid's loss entry: a (partial) LossSpec, its names and the settings that are not
+    searched (e.g. {ranking: pointwise, contrastive: tml, tml_reduction: nonzero}; searched
+    ones come from `search`), and optionally the SIR curriculum that applies it (its label
+    joins the loss axis; a grid whose baseline ranking is `sir` has V0 as its baseline)."""
+
+    sir: SIRSpec | None = None
+
+    def loss_spec(self) -> LossSpec:
+        return LossSpec.model_validate(self.model_dump(exclude={"sir"}, by_alias=True))
 
 
 class AugmentationCell(_Strict):
@@ -45,6 +52,13 @@ class GridSpec(_Strict):
     seeds: list[int] = Field(default=[13], min_length=1)
     max_length: int = Field(default=512, ge=16, description="input tokens of every model")
     baseline_ranking: RankingName = "pointwise"
+
+    @model_validator(mode="after")
+    def _v0_is_the_baseline(self) -> GridSpec:
+        if any(loss.sir is not None and loss.sir.variant == "v0" for loss in self.losses):
+            raise ValueError("sir v0 (same blocks and loss, no compression) is the baseline cell: set baseline_ranking "
+                             "to the level loss (sir or listwise) and leave v0 out of losses")
+        return self
 
 
 class FloatRange(_Strict):
@@ -103,9 +117,12 @@ class SweepSpec(_Strict):
 
     @model_validator(mode="after")
     def _base_leaves_axes_to_grid(self) -> SweepSpec:
-        for key in ("name", "model", "loss", "augmentation", "training_data"):
+        for key in ("name", "model", "loss", "augmentation", "sir"):
             if key in self.base:
                 raise ValueError(f"base.{key} is set by the grid; remove it from base")
+        grid_owned = set(self.base.get("training_data") or {}) & {"size", "seed"}
+        if grid_owned:
+            raise ValueError(f"base.training_data.{sorted(grid_owned)[0]} is set by the grid (sizes, seeds); remove it from base")
         return self
 
 
@@ -132,8 +149,8 @@ class Cell:
 
 def _cell_axes(model: str, loss: LossCell, augmentation: AugmentationCell, size, seed: int) -> dict[str, str]:
     """The cell's grid coordinates: the same values as ``schema.axes`` of its trials."""
-    return {"model": model, "loss": schema.loss_label(loss), "augmentation": augmentation.method, "size": str(size),
-            "seed": str(seed)}
+    return {"model": model, "loss": schema.loss_label(loss.loss_spec()) + schema.sir_label(loss.sir),
+            "augmentation": augmentation.method, "size": str(size), "seed": str(seed)}
 
 
 def expand_grid(sweep: SweepSpec) -> list[Cell]:
@@ -164,10 +181,12 @@ def _make_cell(sweep: SweepSpec, model: str, loss: LossCell, augmentation: Augme
         "name": f"{sweep.name}.{key}",
         "seed": seed,
         "model": {"name": model, "max_length": sweep.grid.max_length},
-        "loss": loss.model_dump(exclude_defaults=True, by_alias=True),
+        "loss": loss.loss_spec().model_dump(exclude_defaults=True, by_alias=True),
         "augmentation": augmentation.model_dump(exclude_defaults=True, exclude_none=True) if augmentation.method != "none" else {},
-        "training_data": {"size": size, "seed": seed},
+        "training_data": {**(sweep.base.get("training_data") or {}), "size": size, "seed": seed},
     })
+    if loss.sir is not None:
+        trial["sir"] = loss.sir.model_dump()
     return Cell(key, axes, TrialSpec.model_validate(trial), None, is_baseline)
 
 

@@ -1,0 +1,52 @@
+"""SIR in sweep grids: V0 is the baseline cell, each curriculum a column of the loss axis."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core import schema
+from orchestrator.sweep.grid import SweepSpec, expand_grid
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sir_doc19_dry_run_lists_v0_and_the_variants_per_model():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "sir-doc19.yaml"),
+                           "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True,
+                          cwd=REPO, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    # 2 models x (V0 baseline + v3/v4 x top/random x 3/4 levels) = 18 cells, 3 trials each
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["unavailable_cells"]) == (18, 2, 54, 0)
+    losses = {c["loss"] for c in plan["cells_detail"]}
+    assert losses == {"sir"} | {f"sir@{v}[{levels}{sel}]" for v in ("v3", "v4") for levels in ("48-16", "48-16-8")
+                                for sel in ("", ",random")}
+
+
+def _sweep(**grid) -> SweepSpec:
+    base = {"data": {"collection": "c"}, "training_data": {"negatives": 7},
+            "optimization": {"batching": "per_query", "batch_size": 16}}
+    return SweepSpec.model_validate({"name": "s", "base": base, "grid": {"models": ["m"], "sizes": [800],
+                                                                         "augmentations": [{"method": "none"}], **grid}})
+
+
+def test_a_cells_trial_carries_its_curriculum_and_the_trial_axes_match_the_cell():
+    cells = expand_grid(_sweep(baseline_ranking="sir", losses=[{"ranking": "sir", "sir": {"variant": "v4", "levels": [4, 2]}}]))
+    baseline, v4 = cells
+    assert baseline.is_baseline and baseline.spec.sir is None and baseline.axes["loss"] == "sir"
+    assert v4.spec.sir.variant == "v4" and v4.spec.training_data.negatives == 7 and v4.spec.training_data.size == 800
+    assert schema.axes(v4.spec)["loss"] == v4.axes["loss"] == "sir@v4[4-2]"  # cell and trial runs: one label
+    assert schema.trial_key(v4.spec) != schema.trial_key(baseline.spec)
+
+
+def test_v0_in_the_losses_and_grid_owned_training_data_are_refused():
+    with pytest.raises(ValueError, match="sir v0 .* is the baseline cell"):
+        _sweep(baseline_ranking="sir", losses=[{"ranking": "sir", "sir": {"variant": "v0"}}])
+    with pytest.raises(ValueError, match="base.training_data.size is set by the grid"):
+        SweepSpec.model_validate({"name": "s", "base": {"training_data": {"size": 100}},
+                                  "grid": {"models": ["m"], "losses": [{"ranking": "pointwise"}],
+                                           "augmentations": [{"method": "none"}], "sizes": [100]}})
