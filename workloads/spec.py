@@ -24,34 +24,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DataSpec(_Strict):
-    collection: str = Field(description="collection reference: beir/<name>, a directory, or an ir_datasets id")
-    train_split: str = "train"
-    validation_split: str | None = Field(
-        default=None, description="a split of the collection; None carves validation queries from train_split"
-    )
-    validation_queries: int = Field(default=50, ge=5, description="queries carved from train_split when no validation split")
-    test_split: str = "test"
-    test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
-    test_perturbation: Literal[PERTURBATION_NAMES] | None = Field(  # type: ignore[valid-type]
-        default=None, description="test on the test queries perturbed this way, those that have a variant (CFT); "
-                                  "set per evaluation target by `robustness`")
-
-    @model_validator(mode="after")
-    def _splits_apart(self) -> DataSpec:
-        """Training or choosing on the test split would report a number measured on seen data."""
-        if self.validation_split is not None and self.validation_split == self.train_split:
-            raise ValueError(f"validation_split and train_split are both '{self.train_split}': validation must be held out "
-                             "(leave validation_split unset to carve validation queries from train)")
-        if self.test_collection in (None, self.collection):
-            if self.train_split == self.test_split:
-                raise ValueError(f"train_split and test_split are both '{self.test_split}' on one collection")
-            if self.validation_split == self.test_split:
-                raise ValueError(f"validation_split and test_split are both '{self.test_split}' on one collection: "
-                                 "the model would be chosen on its test queries")
-        return self
-
-
 class FirstStageSpec(_Strict):
     """Where candidates and training negatives come from (``workloads.retrieval.first_stage``)."""
 
@@ -73,6 +45,37 @@ class FirstStageSpec(_Strict):
             raise ValueError(f"path has no effect with method '{self.method}'")
         if self.method != "bm25" and (self.k1, self.b) != (type(self).model_fields["k1"].default, type(self).model_fields["b"].default):
             raise ValueError(f"k1 and b belong to bm25, not to method '{self.method}'")
+        return self
+
+
+class DataSpec(_Strict):
+    collection: str = Field(description="collection reference: beir/<name>, a directory, or an ir_datasets id")
+    train_split: str = "train"
+    validation_split: str | None = Field(
+        default=None, description="a split of the collection; None carves validation queries from train_split"
+    )
+    validation_queries: int = Field(default=50, ge=5, description="queries carved from train_split when no validation split")
+    test_split: str = "test"
+    test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
+    test_first_stage: FirstStageSpec | None = Field(
+        default=None, description="the test collection's own first stage (default: first_stage), e.g. bm25 for a "
+                                  "zero-shot collection without given lists")
+    test_perturbation: Literal[PERTURBATION_NAMES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="test on the test queries perturbed this way, those that have a variant (CFT); "
+                                  "set per evaluation target by `robustness`")
+
+    @model_validator(mode="after")
+    def _splits_apart(self) -> DataSpec:
+        """Training or choosing on the test split would report a number measured on seen data."""
+        if self.validation_split is not None and self.validation_split == self.train_split:
+            raise ValueError(f"validation_split and train_split are both '{self.train_split}': validation must be held out "
+                             "(leave validation_split unset to carve validation queries from train)")
+        if self.test_collection in (None, self.collection):
+            if self.train_split == self.test_split:
+                raise ValueError(f"train_split and test_split are both '{self.test_split}' on one collection")
+            if self.validation_split == self.test_split:
+                raise ValueError(f"validation_split and test_split are both '{self.test_split}' on one collection: "
+                                 "the model would be chosen on its test queries")
         return self
 
 

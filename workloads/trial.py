@@ -26,7 +26,7 @@ from workloads.perturbations import perturb_queries
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.retrieval.first_stage import first_stage_run
-from workloads.spec import TrialSpec
+from workloads.spec import FirstStageSpec, TrialSpec
 from workloads.training import WEIGHT_METRIC, TrainingInputs, train_cross_encoder
 from workloads.training_data import build_candidates, build_training_set, carve_validation_queries
 
@@ -45,8 +45,8 @@ class PreparedTrial:
     data_stats: dict[str, int] = field(default_factory=dict)
 
 
-def _first_stage(collection: Collection, split: str, queries: dict[str, str], k: int, spec: TrialSpec):
-    run, path = first_stage_run(collection, split, queries, k, spec.first_stage)
+def _first_stage(collection: Collection, split: str, queries: dict[str, str], k: int, first_stage: FirstStageSpec):
+    run, path = first_stage_run(collection, split, queries, k, first_stage)
     return run, path, path.stem
 
 
@@ -114,7 +114,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
                                   **({"test": test_queries} if same_collection else {})})
 
     train_run, _, train_run_key = _first_stage(collection, spec.data.train_split, {q: train_queries[q] for q in train_ids},
-                                                fs.train_depth, spec)
+                                                fs.train_depth, fs)
     training_set, stats = build_training_set(
         collection, spec.data.train_split, train_ids, train_run, train_run_key, fs.train_depth,
         spec.training_data.size, spec.training_data.seed, spec.training_data.negatives)
@@ -129,12 +129,13 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
             augmentations[0], columns=["augmented_positive"]).column(0).null_count
 
     validation_run, validation_run_path, validation_key = _first_stage(collection, spec.data.validation_split or spec.data.train_split,
-                                                                       validation_queries, BASELINE_DEPTH, spec)
+                                                                       validation_queries, BASELINE_DEPTH, fs)
     validation_candidates = build_candidates(collection, validation_queries, validation_run, validation_key, fs.validation_depth)
     first_stage_validation = evaluate(validation_run, validation_qrels, collection.relevance_level).aggregate
 
-    test_run, test_run_path, test_key = _first_stage(test_collection, spec.data.test_split, test_queries, BASELINE_DEPTH, spec)
-    test_candidates = build_candidates(test_collection, test_queries, test_run, test_key, fs.test_depth)
+    test_fs = spec.data.test_first_stage or fs
+    test_run, test_run_path, test_key = _first_stage(test_collection, spec.data.test_split, test_queries, BASELINE_DEPTH, test_fs)
+    test_candidates = build_candidates(test_collection, test_queries, test_run, test_key, test_fs.test_depth)
 
     return PreparedTrial(
         training=TrainingInputs(

@@ -50,9 +50,11 @@ def collection_label(collection: str, split: str) -> str:
     return collection.rstrip("/").rsplit("/", 1)[-1] + ("" if split == "test" else f":{split}")
 
 
-def targets(spec: TrialSpec, zero_shot: Sequence[tuple[str, str]] = ()) -> list[Target]:
+def targets(spec: TrialSpec, zero_shot: Sequence[tuple] = ()) -> list[Target]:
     """The trial's own test data (``data.test_collection`` or its collection, ``test_split``),
-    its perturbed copies (``robustness``), then each zero-shot (collection, split)."""
+    its perturbed copies (``robustness``), then each zero-shot (collection, split[, first
+    stage]): a target with its own first stage (a sweep's ``zero_shot[].first_stage``)
+    re-ranks that one's candidates."""
     own = spec.data.test_collection or spec.data.collection
     label = collection_label(own, spec.data.test_split)
     out = [Target(schema.TEST, label, spec)]
@@ -60,8 +62,10 @@ def targets(spec: TrialSpec, zero_shot: Sequence[tuple[str, str]] = ()) -> list[
         data = spec.data.model_copy(update={"test_perturbation": perturbation})
         out.append(Target(schema.perturbed_target(perturbation), f"{label}+{perturbation}",
                           spec.model_copy(update={"data": data})))
-    for collection, split in zero_shot:
+    for collection, split, *first_stage in zero_shot:  # (collection, split[, its own first stage])
         data = spec.data.model_copy(update={"test_collection": collection, "test_split": split})
+        if first_stage and first_stage[0] is not None:
+            data = data.model_copy(update={"test_first_stage": first_stage[0]})
         out.append(Target(schema.zero_shot_target(collection, split), collection_label(collection, split),
                           spec.model_copy(update={"data": data})))
     return out

@@ -184,7 +184,7 @@ def trial_key(spec: TrialSpec) -> str:
 
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
-    ``data.test_perturbation``, ``robustness``, ``training_data.negatives``,
+    ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
     ``optimization.batching`` and ``cft_positives``, the loss readings of
     ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
     tracked before it existed keep their identity. Augmented trials also key the sentence
@@ -200,8 +200,7 @@ def trial_key(spec: TrialSpec) -> str:
     exclude: dict = {"name": True, "resources": True}
     if spec.first_stage.path is None:
         exclude["first_stage"] = {"path"}  # added with the run-file first stage
-    if spec.data.test_perturbation is None:
-        exclude["data"] = {"test_perturbation"}  # added with robustness
+    exclude["data"] = {f for f in ("test_perturbation", "test_first_stage") if getattr(spec.data, f) is None}  # added later
     if not spec.robustness:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:

@@ -18,7 +18,7 @@ from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
 from workloads.losses import searchable_parameters
 from workloads.paths import stable_key
-from workloads.spec import LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
+from workloads.spec import FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
 
 
 class _Strict(BaseModel):
@@ -100,6 +100,9 @@ class SearchSpec(_Strict):
 class ZeroShotTarget(_Strict):
     collection: str
     split: str = "test"
+    first_stage: FirstStageSpec | None = Field(
+        default=None, description="the target's own first stage (default: the trial's), e.g. bm25 for SciFact when the "
+                                  "trial re-ranks WikiQA's given lists, given for WikiQA when it trains on BM25 candidates")
 
     @property
     def name(self) -> str:

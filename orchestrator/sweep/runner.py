@@ -348,8 +348,8 @@ def _selector_of(cell: Cell) -> str | None:
     return selector_run_key(needed[0]) if needed else None
 
 
-def _zero_shot(sweep: SweepSpec) -> list[tuple[str, str]]:
-    return [(t.collection, t.split) for t in sweep.zero_shot]
+def _zero_shot(sweep: SweepSpec) -> list[tuple]:
+    return [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
 
 
 @contextlib.contextmanager

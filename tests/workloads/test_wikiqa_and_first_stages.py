@@ -185,3 +185,22 @@ def test_list_batches_train_a_trial_on_given_lists(tmp_path, tiny_model_dir, bat
         else:  # one list (1 + 1) and the positive of another query
             assert s.labels.tolist() == [1.0, 0.0, 1.0] and s.query_ids.tolist()[2] != s.query_ids.tolist()[0]
     assert tested.evaluation.num_queries == 2
+
+
+def test_a_zero_shot_target_can_have_its_own_first_stage(tmp_path, tiny_model_dir):
+    """Transfer from WikiQA (given lists) to a BEIR collection (no lists: BM25 there): the
+    target's test side uses its own first stage; the training side stays the trial's."""
+    from orchestrator.core.lifecycle import targets
+    from tests.workloads.test_collections import write_beir
+    from workloads.spec import FirstStageSpec
+
+    root = write_wikiqa(tmp_path / "wikiqa")
+    beir = write_beir(tmp_path / "beir")
+    spec = _trial(str(root), tiny_model_dir, {"method": "given"})
+    plain, own = targets(spec, [(str(beir), "test"), (str(beir), "test", FirstStageSpec(method="bm25", test_depth=5))])[1:]
+    with pytest.raises(InputError, match="no given candidates for split 'test'"):
+        prepare_trial(plain.spec)
+    prepared = prepare_trial(own.spec)
+    assert set(read_trec_run(Path(prepared.test_first_stage_run))) == {"q1"}  # BM25 on the BEIR queries
+    trained_on = prepare_trial(spec)
+    assert prepared.training.training_set == trained_on.training.training_set  # same training data
