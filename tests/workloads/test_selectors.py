@@ -317,3 +317,63 @@ def test_selector_specs_validate_at_the_edge():
         AugmentationSpec(method="linear", selector={"embeddings": "glove"})
     with pytest.raises(ValidationError, match="margin has no effect"):
         AugmentationSpec(method="linear", selector={"margin": 0.5})
+
+
+def _selector_ddp_worker(rank: int, world: int, port: int, data_dir: str, model_dir: str) -> None:
+    """One of two gloo workers training a selector; saves what its model holds at the end."""
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from workloads.selectors.spec import SelectorTrialSpec
+    from workloads.selectors.training import SelectorInputs, train_selector
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    wrapped = []
+    real = torch.nn.parallel.DistributedDataParallel
+    torch.nn.parallel.DistributedDataParallel = lambda module, **kw: wrapped.append(module) or real(module, **kw)
+    data = Path(data_dir)
+    import json
+
+    qrels = json.loads((data / "qrels.json").read_text())
+    spec = SelectorTrialSpec.model_validate({
+        "name": "ddp", "method": "linear", "data": {"collection": "constructed"}, "model": {"name": model_dir, "max_length": 32},
+        "selector": {"k": 1, "learning_rate": 1e-3, "warmup_steps": 0, "batch_size": 16, "epochs": 1, "patience": 1,
+                     "dimension": 8}})
+    inputs = SelectorInputs(str(data / "train-1.parquet"), str(data / "candidates-1.parquet"), str(data / "run-1.trec"),
+                            qrels, 1, str(data / "sentences-1.parquet"))
+    steps = []
+    train_selector(spec, inputs, lambda metrics, checkpoint: steps.append(metrics))
+    model = wrapped[0]
+    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, data / f"state-{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes: about 30 s
+def test_selector_training_keeps_data_parallel_workers_identical(tmp_path, tiny_model_dir):
+    """Two gloo workers train on different halves of each epoch; DDP must keep the selector and
+    the ranker (and the embeddings they share) identical on both."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    _, _, qrels = _constructed_task(tmp_path, 64, seed=1)
+    (tmp_path / "qrels.json").write_text(json.dumps(qrels))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_selector_ddp_worker, args=(2, port, str(tmp_path), str(tiny_model_dir)), nprocs=2, join=True)
+    first, second = torch.load(tmp_path / "state-0.pt"), torch.load(tmp_path / "state-1.pt")
+    assert first.keys() == second.keys() and any(k.startswith("selector.project") for k in first)
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+    from workloads.selectors.select_and_rank import SelectAndRank
+    from workloads.spec import SelectorSpec
+
+    torch.manual_seed(13)  # the workers' initialisation (the spec's seed)
+    untrained = SelectAndRank.build("linear", SelectorSpec(k=1, dimension=8), str(tiny_model_dir), 32).state_dict()
+    assert torch.equal(untrained["selector.project.bias"] * 0, first["selector.project.bias"] * 0)  # same shapes
+    assert not torch.equal(untrained["selector.project.weight"], first["selector.project.weight"])  # it trained
