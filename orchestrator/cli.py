@@ -86,6 +86,9 @@ def _ranking_json(ranking) -> dict:
     return out
 
 
+FIRST_STAGE_NAMES = {"bm25": "BM25", "given": "given order", "run": "run file"}  # first_stage.method -> a row label
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.core import schema
     from orchestrator.core.lifecycle import run_trial
@@ -110,9 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                  f"{' [reused]' if result.reused else ''}")
             fused = test.weight is not None
             model_label = f"model (w = {test.weight:.2f})" if fused else "model"
-            rows = [("validation  BM25", r["validation"]["bm25"]), (f"validation  {model_label}", r["validation"]["model"])]
+            first = FIRST_STAGE_NAMES[spec.first_stage.method]
+            rows = [(f"validation  {first}", r["validation"]["bm25"]), (f"validation  {model_label}", r["validation"]["model"])]
             rows += [("validation  cross-encoder", r["validation"].get("cross_encoder", {}))] if fused else []
-            rows += [("test        BM25", r["test"]["bm25"]), (f"test        {model_label}", r["test"]["model"])]
+            rows += [(f"test        {first}", r["test"]["bm25"]), (f"test        {model_label}", r["test"]["model"])]
             rows += [("test        cross-encoder", r["test"]["cross_encoder"])] if fused else []
             how = "tuned on validation" if spec.reranking.interpolation == "tuned" else "fixed"
             emit(f"chosen epoch {result.best_epoch}" + (
@@ -124,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if len(results) > 1
                         else {"experiment": experiment, "tracking_uri": tracker.uri, **results[0]}, indent=2))
     elif len(results) > 1:
-        emit(_metrics_table([("test BM25", results[0]["test"]["bm25"])]
+        emit(_metrics_table([(f"test {FIRST_STAGE_NAMES[specs[0].first_stage.method]}", results[0]["test"]["bm25"])]
                             + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
     if not args.json and any(spec.robustness for spec in specs):
         from orchestrator.report.tables import render_markdown
