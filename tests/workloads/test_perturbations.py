@@ -67,3 +67,23 @@ def test_perturbed_sets_are_deterministic_across_processes_and_contraction_is_a_
 def test_unknown_perturbation_is_an_error():
     with pytest.raises(ValueError, match="unknown perturbation 'shout'"):
         perturb_queries({"q": "x"}, "shout")
+
+
+def test_the_perturb_command_shows_originals_and_variants_and_refuses_bad_input(tmp_path):
+    from tests.workloads.test_wikiqa_and_first_stages import write_wikiqa
+
+    root = write_wikiqa(tmp_path / "wikiqa")
+
+    def perturb(*args):
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", "perturb", str(root), *args], capture_output=True,
+                              text=True, cwd=REPO)
+
+    shown = perturb("--split", "test-unfiltered", "--show", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert "test-unfiltered: 4 queries; variants: punctuation 4, typo 4, contraction 2" in shown.stdout
+    assert "Q2  original     what is a cat" in shown.stdout and "contraction  what's a cat" in shown.stdout
+    assert "punctuation  what is a cat." in shown.stdout
+    for args, message in ((["--perturbations", "shout"], "unknown perturbation 'shout'"), (["--split", "nope"], "no split 'nope'")):
+        bad = perturb(*args)
+        assert bad.returncode == 2 and bad.stdout == "" and message in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
