@@ -365,7 +365,7 @@ class TrialSpec(_Strict):
             raise ValueError(f"sir.levels {sir.levels} must start below the block size 1 + training_data.negatives = {block}")
 
     @model_validator(mode="after")
-    def _augmentation_where_needed(self) -> TrialSpec:
+    def _coherent(self) -> TrialSpec:
         if self.loss.contrastive == "infonce" and self.augmentation.method == "none":
             raise ValueError("contrastive 'infonce' contrasts a relevant pair with its augmented view: set augmentation.method")
         self.optimization.check_batch(self.training_data.negatives)

@@ -252,17 +252,19 @@ def train_cross_encoder(
         _log(rank, f"resumed from {resume_from} after epoch {state['epoch']}")
 
     validation_run = read_trec_run(Path(inputs.validation_first_stage_run))
-    _log(rank, f"{len(triples)} triples, {steps_per_rank} steps/epoch x {opt.epochs} epochs, {world} worker(s) on {device}, "
+    unit = "triples" if opt.batching == "triples" else f"rows of 1 + up to {negatives} ({opt.batching})"
+    _log(rank, f"{len(triples)} {unit}, {steps_per_rank} steps/epoch x {opt.epochs} epochs, {world} worker(s) on {device}, "
                f"precision {amp_dtype or torch.float32}")
     for epoch in range(first_epoch, opt.epochs + 1):
         rows = with_augmentation(triples, inputs.augmentation_for(epoch), inputs.training_set)
         wrapped.train()
         my_batches = plan(rows, epoch)[rank:steps_per_rank * world:world]
         started = time.perf_counter()
-        total_loss = 0.0
+        total_loss, pairs_seen = 0.0, 0
         parts: dict[str, float] = {}
         for step, planned in enumerate(my_batches, 1):
             batch = make_batch(rows, planned, opt.batching)
+            pairs_seen += len(batch.documents)  # lists may be shorter than batch_size; augmentation doubles
             pairs = model.encode(batch.queries, batch.documents).to(device)
             if isinstance(objective, CurriculumObjective):
                 objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
@@ -280,7 +282,7 @@ def train_cross_encoder(
             for name, value in loss_fn.last_parts.items():
                 parts[name] = parts.get(name, 0.0) + value
             if step % max(1, len(my_batches) // 10) == 0 or step == len(my_batches):
-                rate = step * opt.batch_size / (time.perf_counter() - started)
+                rate = pairs_seen / (time.perf_counter() - started)
                 _log(rank, f"epoch {epoch}/{opt.epochs} {progress_bar(step, len(my_batches))} step {step}/{len(my_batches)} "
                            f"loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
         train_seconds = time.perf_counter() - started
