@@ -56,12 +56,16 @@ def plan_epoch(rows: list[dict], batching: str, batch_size: int, negatives: int,
     if len(by_query) < cft_positives:
         raise ValueError(f"cft batches need {cft_positives} distinct training queries, the training set has {len(by_query)}")
     queries = sorted(by_query)
+    position = {q: i for i, q in enumerate(queries)}
     rng = random.Random(f"cft-{seed}-{epoch}")
     planned = []
     for batch in batches:
-        anchor_query = rows[batch.groups[0]]["query_id"]
-        others = rng.sample([q for q in queries if q != anchor_query], cft_positives - 1)
-        planned.append(PlannedBatch(batch.groups, tuple(rng.choice(by_query[q]) for q in others)))
+        skip = position[rows[batch.groups[0]]["query_id"]]
+        # the other queries without building their list (O(k), not O(queries), per batch): an index
+        # drawn from range(n - 1) steps over the anchor's (random.sample picks the same indices
+        # from a range as from a list of that length)
+        picked = [i + (i >= skip) for i in rng.sample(range(len(queries) - 1), cft_positives - 1)]
+        planned.append(PlannedBatch(batch.groups, tuple(rng.choice(by_query[queries[i]]) for i in picked)))
     return planned
 
 
