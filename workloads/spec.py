@@ -275,7 +275,7 @@ class OptimizationSpec(_Strict):
     eval_batch_size: int = Field(default=64, ge=1)
     cft_positives: int = Field(default=16, ge=2, description="cft: positives per batch, of distinct queries (CFT: 16)")
     gradient_checkpointing: bool = Field(default=False, description="recompute activations in backward: less memory for "
-                                                                    "large blocks, about a third more compute")
+                                                                    "large blocks, more compute")
 
     @model_validator(mode="after")
     def _cft_positives_where_read(self) -> OptimizationSpec:
