@@ -215,8 +215,9 @@ def train_cross_encoder(
     model = CrossEncoder.from_pretrained(model_source, spec.model.max_length, spec.model.pooling).to(device)
     loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
     amp_dtype = autocast_dtype(device, opt.precision)
-    if opt.gradient_checkpointing:
-        model.encoder.gradient_checkpointing_enable()
+    if opt.gradient_checkpointing:  # transformers 5 renamed it; the old name warns
+        enable = getattr(model.encoder, "activation_checkpointing_enable", model.encoder.gradient_checkpointing_enable)
+        enable()
     if spec.sir is not None and spec.sir.variant != "v0":
         objective: TrainingObjective = CurriculumObjective(model, loss_fn, amp_dtype, spec.sir, spec.loss.ranking)
     else:
