@@ -185,10 +185,11 @@ def trial_key(spec: TrialSpec) -> str:
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
     ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
-    ``optimization.batching`` and ``cft_positives``, the loss readings of
+    ``optimization.batching`` and ``cft_positives``, ``sir``, the loss readings of
     ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
-    tracked before it existed keep their identity. Augmented trials also key the sentence
-    splitter's version: a new splitter makes new training data.
+    tracked before it existed keep their identity; ``optimization.gradient_checkpointing``
+    changes memory, not results, and is never part of it. Augmented trials also key the
+    sentence splitter's version: a new splitter makes new training data.
     """
     from workloads.augmentation import SPLITTER_VERSION
     from workloads.losses import loss_parameters
