@@ -131,21 +131,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         emit(_metrics_table([(f"test {FIRST_STAGE_NAMES[specs[0].first_stage.method]}", results[0]["test"]["bm25"])]
                             + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
     if not args.json and any(spec.robustness for spec in specs):
+        from orchestrator.report.robustness import trials_robustness
         from orchestrator.report.tables import render_markdown
 
-        emit(render_markdown(_robustness_of_trials(tracker, experiment, specs, [r["mlflow_run_id"] for r in results])))
+        emit(render_markdown(trials_robustness(tracker, experiment, specs, [r["mlflow_run_id"] for r in results])))
     return 0
-
-
-def _robustness_of_trials(tracker, experiment: str, specs, run_ids: list[str | None], test: str = "t"):
-    """CFT's Table 5 for the trials of a trial file (rows in file order)."""
-    from orchestrator.report.results import RunReader
-    from orchestrator.report.robustness import robustness_table
-
-    perturbations = list(dict.fromkeys(p for spec in specs for p in spec.robustness))
-    systems = [(spec.name.removeprefix(f"{experiment}."), tracker.client.get_run(run_id) if run_id else None)
-               for spec, run_id in zip(specs, run_ids)]
-    return robustness_table(RunReader(tracker), systems, perturbations, f"robustness: {experiment}", test)
 
 
 def cmd_augment(args: argparse.Namespace) -> int:
@@ -299,34 +289,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _report_robustness(args: argparse.Namespace) -> int:
     """``report --robustness``: a trial file's trials, or a sweep's finished cells, clean vs perturbed."""
-    from orchestrator.core import schema
-    from orchestrator.core.config import load_trials, read_yaml
+    from orchestrator.core.config import read_yaml
     from orchestrator.core.tracking import Tracker, resolve_tracking_uri
     from orchestrator.report.build import load_results
-    from orchestrator.report.results import STATUS_OK
-    from orchestrator.report.robustness import robustness_table
+    from orchestrator.report.robustness import sweep_robustness, trial_file_robustness
     from orchestrator.report.tables import RENDERERS
-    from workloads.spec import TrialSpec
 
     tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
-    renderer = RENDERERS[args.format]
     for path in args.sweeps:
-        data, _ = read_yaml(Path(path))
-        if "grid" not in data:  # a trial file: its trials' finished runs
-            experiment, specs = load_trials(Path(path), TrialSpec)
-            if not any(spec.robustness for spec in specs):
-                raise InputError(path, "no trial sets robustness: nothing was tested perturbed")
-            runs = [tracker.find_run(None, schema.trial_key(spec), status="FINISHED") for spec in specs]
-            table = _robustness_of_trials(tracker, experiment, specs, [r.info.run_id if r else None for r in runs], args.test)
-        else:
-            results = load_results(_load_sweep(path), tracker)
-            perturbations = list(results.sweep.base.get("robustness") or [])
-            if not perturbations:
-                raise InputError(path, "base sets no robustness: nothing was tested perturbed")
-            systems = [(" / ".join(f"{v}" for k, v in c.axes.items() if k != "seed"), c.run) for c in results.cells
-                       if c.status == STATUS_OK]
-            table = robustness_table(results.reader, systems, perturbations, f"robustness: {results.sweep.name}", args.test)
-        emit(renderer(table, args.digits))
+        is_sweep = "grid" in read_yaml(Path(path))[0]
+        table = (sweep_robustness(load_results(_load_sweep(path), tracker), args.test) if is_sweep
+                 else trial_file_robustness(tracker, path, args.test))
+        emit(RENDERERS[args.format](table, args.digits))
     return 0
 
 

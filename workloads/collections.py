@@ -172,6 +172,15 @@ def read_beir_queries(path: Path) -> dict[str, str]:
     return queries
 
 
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file (gzip or not, CRLF tolerated); unreadable is one clear error."""
+    try:
+        with _open_text(path) as handle:
+            yield from enumerate(handle, 1)
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+
+
 def read_qrels(path: Path) -> Qrels:
     """BEIR TSV (``query-id corpus-id score``, header optional) or TREC (``qid Q0 docid rel``).
 
@@ -179,30 +188,26 @@ def read_qrels(path: Path) -> Qrels:
     error naming the line.
     """
     qrels: Qrels = {}
-    try:
-        with _open_text(path) as handle:
-            for line_no, line in enumerate(handle, 1):
-                fields = line.split()
-                if not fields:
-                    continue
-                if line_no == 1 and fields[0].lower() in {"query-id", "query_id", "qid", "query"}:
-                    continue  # BEIR header
-                if len(fields) == 3:
-                    qid, docid, grade = fields
-                elif len(fields) == 4:
-                    qid, _, docid, grade = fields
-                else:
-                    raise InputError(
-                        f"{path}:{line_no}",
-                        f"expected 3 columns (query-id corpus-id score) or 4 (TREC: qid Q0 docid rel), got {len(fields)}",
-                    )
-                try:
-                    rel = int(grade)
-                except ValueError:
-                    raise InputError(f"{path}:{line_no}", f"relevance '{grade}' is not an integer") from None
-                qrels.setdefault(qid, {})[docid] = rel
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read ({exc})") from None
+    for line_no, line in _numbered_lines(path):
+        fields = line.split()
+        if not fields:
+            continue
+        if line_no == 1 and fields[0].lower() in {"query-id", "query_id", "qid", "query"}:
+            continue  # BEIR header
+        if len(fields) == 3:
+            qid, docid, grade = fields
+        elif len(fields) == 4:
+            qid, _, docid, grade = fields
+        else:
+            raise InputError(
+                f"{path}:{line_no}",
+                f"expected 3 columns (query-id corpus-id score) or 4 (TREC: qid Q0 docid rel), got {len(fields)}",
+            )
+        try:
+            rel = int(grade)
+        except ValueError:
+            raise InputError(f"{path}:{line_no}", f"relevance '{grade}' is not an integer") from None
+        qrels.setdefault(qid, {})[docid] = rel
     if not qrels:
         raise InputError(path, "no judgements")
     return qrels
@@ -211,17 +216,13 @@ def read_qrels(path: Path) -> Qrels:
 def read_trec_topics(path: Path) -> dict[str, str]:
     """Topics as TSV ``qid<TAB>text`` (Anserini's ``topics.*.txt``/``.tsv`` layout)."""
     topics: dict[str, str] = {}
-    try:
-        with _open_text(path) as handle:
-            for line_no, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                fields = line.rstrip("\n").split("\t")
-                if len(fields) < 2 or not fields[1].strip():
-                    raise InputError(f"{path}:{line_no}", "expected 'query-id<TAB>query text'")
-                topics[fields[0].strip()] = fields[1].strip()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read ({exc})") from None
+    for line_no, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\n").split("\t")
+        if len(fields) < 2 or not fields[1].strip():
+            raise InputError(f"{path}:{line_no}", "expected 'query-id<TAB>query text'")
+        topics[fields[0].strip()] = fields[1].strip()
     if not topics:
         raise InputError(path, "no topics")
     return topics
@@ -292,56 +293,46 @@ UNFILTERED = "-unfiltered"
 def _read_wikiqa_ref(path: Path) -> list[tuple[str, str, int]]:
     """``question_index 0 sentence_index label`` rows, in file order."""
     rows = []
-    try:
-        with _open_text(path) as handle:
-            for line_no, line in enumerate(handle, 1):
-                fields = line.split()
-                if not fields:
-                    continue
-                if len(fields) != 4 or not fields[3].lstrip("-").isdigit():
-                    raise InputError(f"{path}:{line_no}", "expected 'question_index 0 sentence_index label'")
-                rows.append((fields[0], fields[2], int(fields[3])))
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read ({exc})") from None
+    for line_no, line in _numbered_lines(path):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 4 or not fields[3].lstrip("-").isdigit():
+            raise InputError(f"{path}:{line_no}", "expected 'question_index 0 sentence_index label'")
+        rows.append((fields[0], fields[2], int(fields[3])))
     return rows
 
 
-def _read_wikiqa_split(path: Path, split: str) -> tuple[list[tuple[str, str, str, str, int]], Path]:
-    """(question index, question id, question, sentence id, label) rows with their texts, from
-    the official TSV (dev, test) or, for train, the tokenised ``.txt[.gz]`` aligned with ``.ref``."""
+def _read_wikiqa_split(path: Path, split: str) -> tuple[list[tuple[str, str, str, str, int]], dict[str, str]]:
+    """(question index, question id, question, sentence id, label) rows and the sentence texts,
+    from the official TSV (dev, test) or, for train, the tokenised ``.txt[.gz]``; both aligned
+    row by row with ``.ref``."""
     stem = f"WikiQA-{split}"
     ref = _read_wikiqa_ref(path / f"{stem}.ref")
     tsv = path / f"{stem}.tsv"
-    rows: list[tuple[str, str, str, str, int]] = []
-    texts: dict[str, str] = {}
-    if tsv.exists():
-        source = tsv
-        with _open_text(tsv) as handle:
-            lines = [line.rstrip("\n") for line in handle if line.strip()]
-        header = lines[0].split("\t")
+    source = tsv if tsv.exists() else _first_existing(path / f"{stem}.txt", path / f"{stem}.txt.gz")
+    if source is None:
+        raise InputError(path, f"no {stem}.tsv or {stem}.txt[.gz]")
+    records = [(n, line.rstrip("\n")) for n, line in _numbered_lines(source) if line.strip()]
+    if source == tsv:
         expected = ["QuestionID", "Question", "DocumentID", "DocumentTitle", "SentenceID", "Sentence", "Label"]
-        if header != expected:
+        if not records or records[0][1].split("\t") != expected:
             raise InputError(tsv, f"expected the header {' '.join(expected)}")
-        records = lines[1:]
-        parse = lambda line: (lambda f: (f[0], f[1], f[4], f[5], f[6]))(line.split("\t"))  # noqa: E731
-    else:
-        source = _first_existing(path / f"{stem}.txt", path / f"{stem}.txt.gz")
-        if source is None:
-            raise InputError(path, f"no {stem}.tsv or {stem}.txt[.gz]")
-        with _open_text(source) as handle:
-            records = [line.rstrip("\n") for line in handle if line.strip()]
-        parse = None
+        records = records[1:]
+    columns = 7 if source == tsv else 3
     if len(records) != len(ref):
         raise InputError(source, f"{len(records)} rows but {stem}.ref has {len(ref)}: the files must align")
-    for line_no, (line, (q_index, s_index, label)) in enumerate(zip(records, ref), 2 if parse else 1):
+    rows: list[tuple[str, str, str, str, int]] = []
+    texts: dict[str, str] = {}
+    for (line_no, line), (q_index, s_index, label) in zip(records, ref):
         fields = line.split("\t")
-        if len(fields) != (7 if parse else 3):
-            raise InputError(f"{source}:{line_no}", f"expected {7 if parse else 3} tab-separated columns, got {len(fields)}")
-        if parse:
-            question_id, question, sentence_id, sentence, text_label = parse(line)
+        if len(fields) != columns:
+            raise InputError(f"{source}:{line_no}", f"expected {columns} tab-separated columns, got {len(fields)}")
+        if source == tsv:
+            question_id, question, _, _, sentence_id, sentence, text_label = fields
         else:  # train: no ids in the shipped files; the .ref indices name question and sentence
-            question_id, question, sentence, text_label = f"T{q_index}", fields[0], fields[1], fields[2]
-            sentence_id = f"T{q_index}-{s_index}"
+            question, sentence, text_label = fields
+            question_id, sentence_id = f"T{q_index}", f"T{q_index}-{s_index}"
         if text_label.strip() != str(label):
             raise InputError(f"{source}:{line_no}", f"label {text_label.strip()} disagrees with {stem}.ref ({label})")
         rows.append((q_index, question_id, question, sentence_id, label))

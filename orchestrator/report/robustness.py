@@ -109,18 +109,51 @@ def robustness_table(reader: RunReader, systems: list[tuple[str, object]], pertu
                 parts.append(f"{column} {comparison.difference:+.4f} (p = {comparison.p_value:.3g})")
             if parts:
                 notes.append(f"{label} vs {reference}: " + "; ".join(parts) + ".")
-    sizes = {name: len(next(iter(v.values()))) for name in sets for v in [_first(values, name, metrics)] if v}
+    sizes = {}
+    for name in sets:  # the queries of each set, from the first system that has it
+        found = next((v[f"{name} {DISPLAY_NAMES[metrics[0]]}"] for v in values.values()
+                      if f"{name} {DISPLAY_NAMES[metrics[0]]}" in v), None)
+        if found is not None:
+            sizes[name] = len(found)
     if sizes:
         notes.append("Queries: " + ", ".join(f"{name} {n}" for name, n in sizes.items()) + ".")
     return Table(title, ["system"], columns, rows, notes)
 
 
-def _first(values: dict[str, dict[str, dict[str, float]]], name: str, metrics) -> dict[str, dict[str, float]] | None:
-    for mine in values.values():
-        found = {m: mine[f"{name} {DISPLAY_NAMES[m]}"] for m in metrics if f"{name} {DISPLAY_NAMES[m]}" in mine}
-        if found:
-            return found
-    return None
+def trial_file_robustness(tracker, path, test: str = "t") -> Table:
+    """The table of a trial file's trials (rows in file order), from their finished runs."""
+    from pathlib import Path
+
+    from orchestrator.core.config import load_trials
+    from workloads.errors import InputError
+    from workloads.spec import TrialSpec
+
+    experiment, specs = load_trials(Path(path), TrialSpec)
+    if not any(spec.robustness for spec in specs):
+        raise InputError(path, "no trial sets robustness: nothing was tested perturbed")
+    runs = [tracker.find_run(None, schema.trial_key(spec), status="FINISHED") for spec in specs]
+    return trials_robustness(tracker, experiment, specs, [r.info.run_id if r else None for r in runs], test)
 
 
-__all__ = ["ROBUSTNESS_METRICS", "PerturbedMeasure", "perturbed_vs_clean", "robustness_table"]
+def trials_robustness(tracker, experiment: str, specs, run_ids: list[str | None], test: str = "t") -> Table:
+    """The table of these trials (``orchestrate run`` prints it), rows in order."""
+    perturbations = list(dict.fromkeys(p for spec in specs for p in spec.robustness))
+    systems = [(spec.name.removeprefix(f"{experiment}."), tracker.client.get_run(run_id) if run_id else None)
+               for spec, run_id in zip(specs, run_ids)]
+    return robustness_table(RunReader(tracker), systems, perturbations, f"robustness: {experiment}", test)
+
+
+def sweep_robustness(results, test: str = "t") -> Table:
+    """The table of a sweep's finished cells (``results``: ``report.results.SweepResults``)."""
+    from orchestrator.report.results import STATUS_OK
+    from workloads.errors import InputError
+
+    perturbations = list(results.sweep.base.get("robustness") or [])
+    if not perturbations:
+        raise InputError(results.sweep.name, "base sets no robustness: nothing was tested perturbed")
+    systems = [(" / ".join(v for k, v in c.axes.items() if k != "seed"), c.run) for c in results.cells if c.status == STATUS_OK]
+    return robustness_table(results.reader, systems, perturbations, f"robustness: {results.sweep.name}", test)
+
+
+__all__ = ["ROBUSTNESS_METRICS", "PerturbedMeasure", "perturbed_vs_clean", "robustness_table", "trials_robustness",
+           "trial_file_robustness", "sweep_robustness"]

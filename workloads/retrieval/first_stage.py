@@ -38,10 +38,11 @@ def _top(run: Run, queries: dict[str, str], k: int) -> Run:
     return out
 
 
-def _cached(run: Run, kind: str, *key_parts: object) -> tuple[Run, Path]:
+def _cached(make: Callable[[], Run], kind: str, *key_parts: object) -> tuple[Run, Path]:
+    """The run cached under these key parts; ``make`` computes it only when it is not cached."""
     path = cache_dir() / "runs" / f"{kind}-{stable_key(*key_parts)}.trec"
     if not path.exists():
-        write_trec_run(run, path, kind)
+        write_trec_run(make(), path, kind)
     return read_trec_run(path), path
 
 
@@ -55,21 +56,31 @@ def given(collection: Collection, split: str, queries: dict[str, str], k: int, s
     if missing:
         raise InputError(collection.name, f"{len(missing)} queries of split '{split}' have no given candidates "
                                           f"(e.g. '{missing[0]}')")
-    return _cached(_top(lists, queries, k), "given", collection.fingerprint, split, sorted(queries), k)
+    return _cached(lambda: _top(lists, queries, k), "given", collection.fingerprint, split, sorted(queries), k)
 
 
 def run_file(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> tuple[Run, Path]:
     path = Path(spec.path).expanduser()
     if not path.is_file():
         raise InputError(spec.path, "first_stage path: no such run file")
-    ranked = _top(read_trec_run(path), queries, k)
-    if not ranked:
-        raise InputError(path, f"ranks none of the {len(queries):,} queries of {collection.name} {split}")
-    if len(ranked) < len(queries):
-        get_logger("first-stage").warning(f"{path.name} ranks {len(ranked):,} of {len(queries):,} queries of "
-                                          f"{collection.name} {split}; the others have no candidates")
-    content = hashlib.sha256(path.read_bytes()).hexdigest()
-    return _cached(ranked, "run", content, sorted(queries), k)
+    def make() -> Run:  # parsed only when this (file, queries, k) is not cached yet
+        ranked = _top(read_trec_run(path), queries, k)
+        if not ranked:
+            raise InputError(path, f"ranks none of the {len(queries):,} queries of {collection.name} {split}")
+        if len(ranked) < len(queries):
+            get_logger("first-stage").warning(f"{path.name} ranks {len(ranked):,} of {len(queries):,} queries of "
+                                              f"{collection.name} {split}; the others have no candidates")
+        return ranked
+
+    return _cached(make, "run", _file_digest(path), sorted(queries), k)
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "given": given, "run": run_file}

@@ -72,7 +72,7 @@ def selector_key(spec: SelectorTrialSpec) -> str:
     first_stage = {"test_depth"} | ({"path"} if spec.first_stage.path is None else set())
     training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
     exclude = {"name": True, "resources": True, "data": {"test_collection", "test_split", "test_perturbation", "test_first_stage"},
-               "robustness": True, "first_stage": first_stage, "training_data": training_data}
+               "first_stage": first_stage, "training_data": training_data}
     return stable_key(spec.model_dump_json(exclude=exclude), f"sentences-v{SPLITTER_VERSION}")
 
 
