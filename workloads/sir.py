@@ -22,8 +22,19 @@ forward: with one network the two differ only by dropout, so it is an approximat
 saves the extra forwards (SIR.md).
 
 The level loss is the trial's ranking loss, ``sir`` (eq. 1) or ``listwise``
-(``workloads.losses.listwise``), applied to the level's probabilities. V1 and V2 (a
-compressor per level, trained in stages, selecting offline) are not built yet.
+(``workloads.losses.listwise``), applied to the level's probabilities.
+
+Staged variants (``workloads.training`` runs them as stages of one trial, each checkpointed):
+
+- ``v1``: a compressor per level, each starting from the pretrained model. Stage 1 trains
+  C_1 on whole blocks for ``optimization.epochs``; C_1 then scores every training block
+  offline (eval mode, no dropout, :func:`compress_blocks`) and keeps the positive and the
+  ``levels[0] - 1`` negatives it scores highest (or random ones); stage 2 trains C_2 on
+  those, and so on. The last compressor is the model that is validated and tested (SIR.md).
+- ``v2``: as v1, C_{i+1} starts from C_i's final weights.
+
+Every stage uses the same blocks per step (``batch_size / (1 + negatives)``), so a later
+stage's steps hold fewer pairs.
 """
 
 from __future__ import annotations
@@ -101,4 +112,41 @@ def curriculum_loss(score: callable, first_scores: torch.Tensor, structure: Pair
     return torch.stack(losses).mean()
 
 
-__all__ = ["select_survivors", "conditional_log_probs", "curriculum_loss", "LEVEL_TERMS"]
+def compress_blocks(score: callable, rows: list[dict], kept: list[list[int]], keep: int, selection: str,
+                    seed: int, stage: int, row_numbers: list[int] | None = None) -> list[list[int]]:
+    """Offline selection for the next stage: per row, the positions (into the row's original
+    ``negative_ids``) of the ``keep - 1`` negatives that survive, in block order.
+
+    ``kept[r]`` are row r's current negatives (positions into its original list);
+    ``score(queries, documents)`` scores pairs in eval mode. Random selection is seeded by
+    (seed, stage, row number in the whole training set: ``row_numbers``, default 0, 1, ...),
+    so it does not depend on how rows are split across workers.
+    """
+    row_numbers = list(range(len(rows))) if row_numbers is None else row_numbers
+    queries, documents, owners = [], [], []
+    for row, current in zip(rows, kept):
+        texts = [row["positive"], *(row["negatives"][i] for i in current)]
+        queries += [row["query"]] * len(texts)
+        documents += texts
+        owners.append(len(texts))
+    scores = torch.tensor(score(queries, documents)) if queries else torch.zeros(0)
+    survivors, start = [], 0
+    for number, current, size in zip(row_numbers, kept, owners):
+        generator = (torch.Generator().manual_seed(seed * 1_000_003 + stage * 10_007 + number)
+                     if selection == "random" else None)
+        positions = select_survivors(scores[start:start + size], keep, selection, generator)
+        survivors.append([current[int(p) - 1] for p in positions[1:]])
+        start += size
+    return survivors
+
+
+def compressed_rows(rows: list[dict], kept: list[list[int]] | None) -> list[dict]:
+    """The training rows of a stage: each row's negatives restricted to ``kept`` (all when None)."""
+    if kept is None:
+        return rows
+    return [{**row, "negative_ids": [row["negative_ids"][i] for i in k], "negatives": [row["negatives"][i] for i in k]}
+            for row, k in zip(rows, kept)]
+
+
+__all__ = ["select_survivors", "conditional_log_probs", "curriculum_loss", "compress_blocks", "compressed_rows",
+           "LEVEL_TERMS"]

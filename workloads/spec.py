@@ -270,12 +270,18 @@ class OptimizationSpec(_Strict):
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
     max_grad_norm: float = Field(default=1.0, gt=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        default="auto", description="auto: bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU"
+        default="auto", description="auto: bf16 on GPUs that have it, else fp16 on GPU; on CPU bf16 where the CPU has "
+                                    "native bf16 (AVX512-BF16, AMX, Arm BF16), else fp32"
     )
     eval_batch_size: int = Field(default=64, ge=1)
     cft_positives: int = Field(default=16, ge=2, description="cft: positives per batch, of distinct queries (CFT: 16)")
     gradient_checkpointing: bool = Field(default=False, description="recompute activations in backward: less memory for "
                                                                     "large blocks, more compute")
+    micro_batch_size: int | None = Field(
+        default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
+                                        "then each micro-batch again with the loss's gradient): a block of any size fits, "
+                                        "for about one more forward; the step's gradient is unchanged (dropout masks are "
+                                        "drawn per micro-batch)")
 
     @model_validator(mode="after")
     def _cft_positives_where_read(self) -> OptimizationSpec:
@@ -304,12 +310,17 @@ class OptimizationSpec(_Strict):
                              f"{self.cft_positives + negatives}, got {self.batch_size}")
 
 
+STAGED_VARIANTS = ("v1", "v2")  # a compressor per level, trained stage by stage
+
+
 class SIRSpec(_Strict):
     """The SIR curriculum (``workloads.sir``; METHODS section 6, SIR.md) over blocks of
     ``training_data.negatives`` + 1 (``optimization.batching: per_query``)."""
 
-    variant: Literal["v0", "v3", "v4"] = Field(
-        description="v0: no compression (the control); v3: one network, a forward per level, L_1 + L_M; "
+    variant: Literal["v0", "v1", "v2", "v3", "v4"] = Field(
+        description="v0: no compression (the control); v1: a compressor per level trained in stages, each from the "
+                    "pretrained model, level i selecting offline for level i + 1; v2: as v1, level i + 1 starting from "
+                    "level i's weights; v3: one network, a forward per level, L_1 + L_M; "
                     "v4: as v3 with conditional probabilities, sum of L_i")
     levels: list[int] = Field(default_factory=lambda: [48, 16], min_length=1,
                               description="sizes of the compressed levels, positive included (SIR: [48, 16] or [48, 16, 8])")
@@ -326,7 +337,14 @@ class SIRSpec(_Strict):
             raise ValueError(f"levels must shrink and keep at least the positive and one negative, got {self.levels}")
         if self.variant != "v4" and self.cpr != "normalized_product":
             raise ValueError(f"cpr has no effect with variant '{self.variant}' (only v4)")
+        if self.variant in STAGED_VARIANTS and not self.per_level_forward:
+            raise ValueError(f"per_level_forward has no effect with variant '{self.variant}' (stages select offline)")
         return self
+
+    @property
+    def stages(self) -> int:
+        """Trained stages: one per level for v1/v2 (level 1 plus each compressed level), else one."""
+        return len(self.levels) + 1 if self.variant in STAGED_VARIANTS else 1
 
 
 class ResourcesSpec(_Strict):
@@ -363,6 +381,8 @@ class TrialSpec(_Strict):
         block = 1 + self.training_data.negatives
         if sir.variant != "v0" and sir.levels[0] >= block:
             raise ValueError(f"sir.levels {sir.levels} must start below the block size 1 + training_data.negatives = {block}")
+        if sir.variant != "v0" and self.augmentation.method != "none":
+            raise ValueError(f"sir variant {sir.variant} compresses blocks of judged documents: augmentation must be none")
 
     @model_validator(mode="after")
     def _coherent(self) -> TrialSpec:

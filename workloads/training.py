@@ -24,23 +24,24 @@ import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
 from workloads.batches import PairStructure
-from workloads.batching import make_batch, plan_epoch, rows_per_batch
+from workloads.batching import make_batch, plan_epoch, row_negatives, rows_per_batch
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.logs import get_logger, progress_bar
 from workloads.losses import ModelOutputs, PairLoss, build_loss
-from workloads.models.cross_encoder import CrossEncoder, autocast_dtype
+from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, score_pairs
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
+from workloads.sir import compress_blocks, compressed_rows, curriculum_loss
 from workloads.spec import TrialSpec
 
 STATE_FILE = "training_state.pt"
 PROGRESS_FILE = "progress.json"
 
-# What the loop reports per epoch: "epoch", "degenerate_batches", and names with these
+# What the loop reports per epoch: "epoch", "degenerate_batches" ("stage" with SIR v1/v2), and names with these
 # prefixes: val_* (the validation ranking; val_cross_encoder_* the cross-encoder alone and
 # val_interpolation_weight the tuned weight when interpolating), train_* (losses) and
 # epoch_* (seconds).
-EPOCH_METRICS = ("epoch", "degenerate_batches")
+EPOCH_METRICS = ("epoch", "stage", "degenerate_batches")  # stage: SIR v1/v2 only
 EPOCH_METRIC_PREFIXES = ("val_", "train_", "epoch_")
 CROSS_ENCODER_PREFIX = "val_cross_encoder_"  # the cross-encoder alone, logged when interpolating
 WEIGHT_METRIC = "val_interpolation_weight"  # the weight tuned on validation at that epoch
@@ -114,17 +115,29 @@ class TrainingObjective(torch.nn.Module):
     A loss can have parameters of its own (RankingNCA's learned map). Wrapping both in one
     module puts them under DDP, so every worker's copy gets the same averaged gradients and
     stays the same; wrapping the encoder alone let the copies of the map diverge.
+
+    Every forward of the encoder goes through :meth:`pairs`, so a micro-batched step
+    (:class:`MicroBatchedPairs`) can stand in for it.
     """
 
     def __init__(self, model: CrossEncoder, loss_fn: PairLoss, amp_dtype: torch.dtype | None) -> None:
         super().__init__()
         self.model, self.loss_fn, self.amp_dtype = model, loss_fn, amp_dtype
+        self.replay: MicroBatchedPairs | None = None  # set for the first pass of a micro-batched step
 
-    def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
+    def encode_pairs(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores and phi (fp32) of tokenized pairs, under the objective's autocast."""
         device_type = next(self.model.parameters()).device.type
         with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             scores, phi = self.model(**inputs)
-        return self.loss_fn(ModelOutputs(scores.float(), phi.float()), structure)
+        return scores.float(), phi.float()
+
+    def pairs(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.replay(inputs) if self.replay is not None else self.encode_pairs(inputs)
+
+    def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
+        scores, phi = self.pairs(inputs)
+        return self.loss_fn(ModelOutputs(scores, phi), structure)
 
 
 class CurriculumObjective(TrainingObjective):
@@ -138,17 +151,74 @@ class CurriculumObjective(TrainingObjective):
         self.generator: torch.Generator | None = None  # set per step by the loop (random selection)
 
     def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
-        from workloads.sir import curriculum_loss
-
-        device_type = next(self.model.parameters()).device.type
-
         def score(index: torch.Tensor) -> torch.Tensor:
-            with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                return self.model(**{k: v[index] for k, v in inputs.items()})[0].float()
+            return self.pairs({k: v[index] for k, v in inputs.items()})[0]
 
-        with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            first = self.model(**inputs)[0].float()
+        first = self.pairs(inputs)[0]
         return curriculum_loss(score, first, structure, self.sir, self.ranking, self.generator)
+
+
+def _rng_state(device: torch.device):
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+class MicroBatchedPairs:
+    """A step's encoder forwards in micro-batches, with the whole step's gradient (GradCache:
+    Gao et al., 2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited
+    Setup"). Written here because the losses need every score of a block at once (a softmax
+    over 1 + N), which plain gradient accumulation cannot give.
+
+    First pass: every forward the objective asks for runs without gradients, micro-batch by
+    micro-batch, and returns leaf tensors; the loss is built on them and backpropagated to
+    them (and to the loss's own parameters). Second pass (:meth:`backward`): each micro-batch
+    is encoded again with gradients, under the RNG state of its first pass (the same dropout
+    masks), and receives its slice of the leaves' gradient. Memory is one micro-batch's
+    activations; the cost is about one more forward.
+    """
+
+    def __init__(self, objective: TrainingObjective, size: int) -> None:
+        self.objective, self.size = objective, size
+        self.device = next(objective.model.parameters()).device
+        self.recorded: list[tuple[dict[str, torch.Tensor], list, torch.Tensor, torch.Tensor]] = []
+
+    def _chunks(self, inputs: dict[str, torch.Tensor]):
+        n = next(iter(inputs.values())).shape[0]
+        for start in range(0, n, self.size):
+            yield start, {k: v[start:start + self.size] for k, v in inputs.items()}
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        states, scores, phis = [], [], []
+        with torch.no_grad():
+            for _, chunk in self._chunks(inputs):
+                states.append(_rng_state(self.device))
+                s, p = self.objective.encode_pairs(chunk)
+                scores.append(s)
+                phis.append(p)
+        leaves = torch.cat(scores).requires_grad_(), torch.cat(phis).requires_grad_()
+        self.recorded.append((inputs, states, *leaves))
+        return leaves
+
+    def backward(self) -> None:
+        after = _rng_state(self.device)
+        for inputs, states, scores, phi in self.recorded:
+            for (start, chunk), state in zip(self._chunks(inputs), states):
+                _set_rng_state(self.device, state)
+                s, p = self.objective.encode_pairs(chunk)
+                outputs, grads = [], []
+                for value, leaf in ((s, scores), (p, phi)):
+                    if leaf.grad is not None:
+                        outputs.append(value)
+                        grads.append(leaf.grad[start:start + len(value)])
+                if outputs:
+                    torch.autograd.backward(outputs, grads)
+        _set_rng_state(self.device, after)
 
 
 class StepOutOfMemoryError(MemoryError):
@@ -176,12 +246,31 @@ def parameter_groups(objective: TrainingObjective, weight_decay: float) -> list[
 
 def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
                       scheduler, scaler: torch.amp.GradScaler, inputs: dict[str, torch.Tensor], structure: PairStructure,
-                      max_grad_norm: float) -> torch.Tensor:
+                      max_grad_norm: float, micro_batch_size: int | None = None) -> torch.Tensor:
     """One step: loss through ``wrapped`` (the objective, or its DDP wrapper), backward, clip
-    every trainable parameter's gradient (the loss's own too), step. Returns the loss."""
-    loss = wrapped(inputs, structure)
+    every trainable parameter's gradient (the loss's own too), step. Returns the loss.
+
+    With ``micro_batch_size`` the encoder runs in micro-batches (:class:`MicroBatchedPairs`)
+    outside DDP's forward, so the gradients are averaged across workers here."""
     optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
+    if micro_batch_size is None:
+        loss = wrapped(inputs, structure)
+        scaler.scale(loss).backward()
+    else:
+        replay = objective.replay = MicroBatchedPairs(objective, micro_batch_size)
+        try:
+            loss = objective(inputs, structure)
+            scaler.scale(loss).backward()
+            replay.backward()
+        finally:
+            objective.replay = None
+        rank, world = _rank_and_world()
+        if world > 1:
+            for parameter in objective.parameters():
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+                dist.all_reduce(parameter.grad)
+                parameter.grad /= world
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(objective.parameters(), max_grad_norm)
     scaler.step(optimizer)
@@ -199,6 +288,27 @@ def load_loss_state(loss_fn: PairLoss, state: dict) -> None:
         raise ValueError(f"loss state does not match the loss: missing {missing}, unexpected {unexpected}")
 
 
+def _enable_gradient_checkpointing(model: CrossEncoder) -> None:
+    # transformers 5 renamed it; the old name warns
+    enable = getattr(model.encoder, "activation_checkpointing_enable", model.encoder.gradient_checkpointing_enable)
+    enable()
+
+
+def _stage_start(spec: TrialSpec, resume_from: Path | None, epochs_per_stage: int) -> tuple[int, int, dict | None, list | None, str]:
+    """Where a (resumed) trial starts: (stage, first epoch, state to restore or None, the
+    stage's kept negatives or None, model source). A checkpoint written at the end of a SIR
+    stage starts the next stage: fresh optimizer, the negatives its compressor selected, the
+    pretrained weights (v1) or the checkpoint's (v2)."""
+    if resume_from is None or not (Path(resume_from) / STATE_FILE).exists():
+        return 1, 1, None, None, str(resume_from) if resume_from else spec.model.name
+    state = torch.load(Path(resume_from) / STATE_FILE, map_location="cpu", weights_only=False)
+    done, stage = state["epoch"], state.get("stage", 1)
+    if state.get("next_kept") is not None and done == stage * epochs_per_stage:
+        source = spec.model.name if spec.sir.variant == "v1" else str(resume_from)
+        return stage + 1, done + 1, None, state["next_kept"], source
+    return stage, done + 1, state, state.get("kept"), str(resume_from)
+
+
 def train_cross_encoder(
     spec: TrialSpec,
     inputs: TrainingInputs,
@@ -206,25 +316,21 @@ def train_cross_encoder(
     device: torch.device | None = None,
     resume_from: Path | None = None,
 ) -> None:
+    """Train ``spec`` and report every epoch (see :data:`Reporter`); ``resume_from`` is the
+    last reported checkpoint of an interrupted attempt.
+
+    SIR's staged variants (v1, v2) train ``len(levels) + 1`` compressors in sequence, each for
+    ``optimization.epochs``; epochs are numbered across stages and each reports its ``stage``.
+    At the end of a stage the compressor selects the next stage's negatives offline
+    (``workloads.sir.compress_blocks``), before that epoch's checkpoint is written, so a
+    trial killed in stage s resumes in stage s with the same blocks.
+    """
     rank, world = _rank_and_world()
     device = device or torch.device("cpu")
-    seed_everything(spec.seed)
     opt = spec.optimization
-
-    model_source = str(resume_from) if resume_from else spec.model.name
-    model = CrossEncoder.from_pretrained(model_source, spec.model.max_length, spec.model.pooling).to(device)
-    loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
-    amp_dtype = autocast_dtype(device, opt.precision)
-    if opt.gradient_checkpointing:  # transformers 5 renamed it; the old name warns
-        enable = getattr(model.encoder, "activation_checkpointing_enable", model.encoder.gradient_checkpointing_enable)
-        enable()
-    if spec.sir is not None and spec.sir.variant != "v0":
-        objective: TrainingObjective = CurriculumObjective(model, loss_fn, amp_dtype, spec.sir, spec.loss.ranking)
-    else:
-        objective = TrainingObjective(model, loss_fn, amp_dtype)
-    wrapped: torch.nn.Module = objective
-    if world > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
+    sir = spec.sir
+    stages = sir.stages if sir is not None else 1
+    epochs = opt.epochs  # per stage
 
     triples = pq.read_table(inputs.training_set).to_pylist()
     negatives = spec.training_data.negatives
@@ -237,79 +343,136 @@ def train_cross_encoder(
     if steps_per_rank == 0:
         raise ValueError(f"{len(triples)} training rows make no full batch ({opt.batching}, "
                          f"{rows_per_batch(opt.batching, opt.batch_size, negatives)} rows) per worker x {world} workers")
-    total_steps = steps_per_rank * opt.epochs
-    optimizer = torch.optim.AdamW(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
-
-    first_epoch = 1
-    if resume_from is not None and (Path(resume_from) / STATE_FILE).exists():
-        state = torch.load(Path(resume_from) / STATE_FILE, map_location=device, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        load_loss_state(loss_fn, state["loss"])
-        first_epoch = state["epoch"] + 1
-        _log(rank, f"resumed from {resume_from} after epoch {state['epoch']}")
-
+    total_steps = steps_per_rank * epochs
+    amp_dtype = autocast_dtype(device, opt.precision)
     validation_run = read_trec_run(Path(inputs.validation_first_stage_run))
     unit = "triples" if opt.batching == "triples" else f"rows of 1 + up to {negatives} ({opt.batching})"
-    _log(rank, f"{len(triples)} {unit}, {steps_per_rank} steps/epoch x {opt.epochs} epochs, {world} worker(s) on {device}, "
-               f"precision {amp_dtype or torch.float32}")
-    for epoch in range(first_epoch, opt.epochs + 1):
-        rows = with_augmentation(triples, inputs.augmentation_for(epoch), inputs.training_set)
-        wrapped.train()
-        my_batches = plan(rows, epoch)[rank:steps_per_rank * world:world]
-        started = time.perf_counter()
-        total_loss, pairs_seen = 0.0, 0
-        parts: dict[str, float] = {}
-        for step, planned in enumerate(my_batches, 1):
-            batch = make_batch(rows, planned, opt.batching)
-            pairs_seen += len(batch.documents)  # lists may be shorter than batch_size; augmentation doubles
-            pairs = model.encode(batch.queries, batch.documents).to(device)
-            if isinstance(objective, CurriculumObjective):
-                objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
-            try:
-                loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
-                                         batch.structure.to(device), opt.max_grad_norm)
-            except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not _out_of_memory(exc):
-                    raise
-                raise StepOutOfMemoryError(
-                    f"a step of {len(batch.documents)} sequences of up to {spec.model.max_length} tokens does not fit on "
-                    f"{device}: lower optimization.batch_size (pairs per step) or training_data.negatives (block size), "
-                    "set optimization.gradient_checkpointing: true, or lower model.max_length") from exc
-            total_loss += float(loss)
-            for name, value in loss_fn.last_parts.items():
-                parts[name] = parts.get(name, 0.0) + value
-            if step % max(1, len(my_batches) // 10) == 0 or step == len(my_batches):
-                rate = pairs_seen / (time.perf_counter() - started)
-                _log(rank, f"epoch {epoch}/{opt.epochs} {progress_bar(step, len(my_batches))} step {step}/{len(my_batches)} "
-                           f"loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
-        train_seconds = time.perf_counter() - started
 
-        metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / len(my_batches),
-                                     "epoch_train_seconds": train_seconds,
-                                     "degenerate_batches": float(loss_fn.degenerate_batches)}
-        metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
-        checkpoint: Path | None = None
-        if rank == 0:
-            eval_started = time.perf_counter()
-            validation = rerank_and_evaluate(
-                model, Path(inputs.validation_candidates), validation_run, inputs.validation_qrels,
-                inputs.relevance_level, opt.eval_batch_size, device, label=f"validate epoch {epoch}",
-                interpolation=spec.reranking.interpolation, precision=opt.precision,
-            )
-            metrics.update(validation_metrics(validation))
-            metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started
-            checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
-            model.save(checkpoint)
-            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "scaler": scaler.state_dict(), "loss": loss_fn.state_dict(), "epoch": epoch},
-                       checkpoint / STATE_FILE)
-            (checkpoint / PROGRESS_FILE).write_text(json.dumps(metrics))
-            fused = (f" (cross-encoder alone {metrics[CROSS_ENCODER_PREFIX + PRIMARY_METRIC]:.4f}, "
-                     f"interpolation weight {validation.weight:.2f})" if validation.weight is not None else "")
-            _log(rank, f"epoch {epoch}: train {train_seconds:.0f}s, validation {PRIMARY_METRIC} "
-                       f"{metrics['val_' + PRIMARY_METRIC]:.4f}{fused}")
-        report(metrics, checkpoint)
+    first_stage, first_epoch, state, kept, model_source = _stage_start(spec, resume_from, epochs)
+    if resume_from is not None and first_epoch > 1:
+        _log(rank, f"resumed from {resume_from} after epoch {first_epoch - 1}"
+                   + (f" (stage {first_stage} of {stages})" if stages > 1 else ""))
+    model: CrossEncoder | None = None
+    for stage in range(first_stage, stages + 1):
+        seed_everything(spec.seed)  # every compressor starts from the same initialisation (v1: "the same checkpoint")
+        if model is None or sir.variant == "v1":
+            model = CrossEncoder.from_pretrained(model_source if model is None else spec.model.name,
+                                                 spec.model.max_length, spec.model.pooling).to(device)
+            if opt.gradient_checkpointing:
+                _enable_gradient_checkpointing(model)
+        loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
+        if sir is not None and sir.variant in ("v3", "v4"):
+            objective: TrainingObjective = CurriculumObjective(model, loss_fn, amp_dtype, sir, spec.loss.ranking)
+        else:
+            objective = TrainingObjective(model, loss_fn, amp_dtype)
+        wrapped: torch.nn.Module = objective
+        if world > 1:
+            wrapped = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.AdamW(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
+        scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+        if state is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            load_loss_state(loss_fn, state["loss"])
+            state = None
+        stage_rows = compressed_rows(triples, kept)
+        block = f", stage {stage}/{stages}: blocks of 1 + up to {sir.levels[stage - 2] - 1}" if stage > 1 else ""
+        _log(rank, f"{len(triples)} {unit}{block}, {steps_per_rank} steps/epoch x {epochs} epochs, {world} worker(s) on "
+                   f"{device}, precision {amp_dtype or torch.float32}")
+        last_epoch = stage * epochs
+        for epoch in range(first_epoch, last_epoch + 1):
+            rows = with_augmentation(stage_rows, inputs.augmentation_for(epoch), inputs.training_set)
+            wrapped.train()
+            my_batches = plan(rows, epoch)[rank:steps_per_rank * world:world]
+            started = time.perf_counter()
+            total_loss, pairs_seen = 0.0, 0
+            parts: dict[str, float] = {}
+            for step, planned in enumerate(my_batches, 1):
+                batch = make_batch(rows, planned, opt.batching)
+                pairs_seen += len(batch.documents)  # lists may be shorter than batch_size; augmentation doubles
+                pairs = model.encode(batch.queries, batch.documents).to(device)
+                if isinstance(objective, CurriculumObjective):
+                    objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
+                try:
+                    loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
+                                             batch.structure.to(device), opt.max_grad_norm, opt.micro_batch_size)
+                except (torch.OutOfMemoryError, RuntimeError) as exc:
+                    if not _out_of_memory(exc):
+                        raise
+                    raise StepOutOfMemoryError(
+                        f"a step of {len(batch.documents)} sequences of up to {spec.model.max_length} tokens does not fit on "
+                        f"{device}: lower optimization.batch_size (pairs per step) or training_data.negatives (block size), "
+                        "set optimization.gradient_checkpointing: true, set optimization.micro_batch_size (pairs per "
+                        "forward), or lower model.max_length") from exc
+                total_loss += float(loss)
+                for name, value in loss_fn.last_parts.items():
+                    parts[name] = parts.get(name, 0.0) + value
+                if step % max(1, len(my_batches) // 10) == 0 or step == len(my_batches):
+                    rate = pairs_seen / (time.perf_counter() - started)
+                    _log(rank, f"epoch {epoch}/{stages * epochs} {progress_bar(step, len(my_batches))} step {step}/"
+                               f"{len(my_batches)} loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
+            train_seconds = time.perf_counter() - started
+
+            metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / len(my_batches),
+                                         "epoch_train_seconds": train_seconds,
+                                         "degenerate_batches": float(loss_fn.degenerate_batches)}
+            if stages > 1:
+                metrics["stage"] = stage
+            metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
+            next_kept = None
+            if epoch == last_epoch and stage < stages:
+                selecting = time.perf_counter()
+                next_kept = _select_for_next_stage(model, triples, kept, sir.levels[stage - 1], sir.selection,
+                                                   spec.seed, stage, opt, device, rank, world)
+                metrics["epoch_selection_seconds"] = time.perf_counter() - selecting
+                _log(rank, f"stage {stage}/{stages}: the compressor kept the positive and up to {sir.levels[stage - 1] - 1} "
+                           f"negatives of each block for stage {stage + 1} ({metrics['epoch_selection_seconds']:.0f}s)")
+            checkpoint: Path | None = None
+            if rank == 0:
+                eval_started = time.perf_counter()
+                validation = rerank_and_evaluate(
+                    model, Path(inputs.validation_candidates), validation_run, inputs.validation_qrels,
+                    inputs.relevance_level, opt.eval_batch_size, device, label=f"validate epoch {epoch}",
+                    interpolation=spec.reranking.interpolation, precision=opt.precision,
+                )
+                metrics.update(validation_metrics(validation))
+                metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started
+                checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
+                model.save(checkpoint)
+                torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                            "scaler": scaler.state_dict(), "loss": loss_fn.state_dict(), "epoch": epoch,
+                            "stage": stage, "kept": kept, "next_kept": next_kept},
+                           checkpoint / STATE_FILE)
+                (checkpoint / PROGRESS_FILE).write_text(json.dumps(metrics))
+                fused = (f" (cross-encoder alone {metrics[CROSS_ENCODER_PREFIX + PRIMARY_METRIC]:.4f}, "
+                         f"interpolation weight {validation.weight:.2f})" if validation.weight is not None else "")
+                _log(rank, f"epoch {epoch}: train {train_seconds:.0f}s, validation {PRIMARY_METRIC} "
+                           f"{metrics['val_' + PRIMARY_METRIC]:.4f}{fused}")
+            report(metrics, checkpoint)
+        first_epoch, kept = last_epoch + 1, next_kept
+
+
+def _select_for_next_stage(model: CrossEncoder, rows: list[dict], kept: list[list[int]] | None, keep: int,
+                           selection: str, seed: int, stage: int, opt, device: torch.device, rank: int,
+                           world: int) -> list[list[int]]:
+    """The next stage's negatives, chosen by this stage's compressor in eval mode over the
+    whole training set (each worker scores its share; every worker gets the whole answer)."""
+    current = kept if kept is not None else [list(range(len(row_negatives(row)))) for row in rows]
+    numbers = list(range(rank, len(rows), world))
+
+    def score(queries: list[str], documents: list[str]) -> list[float]:
+        return score_pairs(model, queries, documents, opt.eval_batch_size, device, precision=opt.precision)
+
+    mine = compress_blocks(score, [rows[i] for i in numbers], [current[i] for i in numbers], keep, selection,
+                           seed, stage, numbers)
+    if world == 1:
+        return mine
+    shares: list = [None] * world
+    dist.all_gather_object(shares, (numbers, mine))
+    selected: list[list[int]] = [[] for _ in rows]
+    for share_numbers, share in shares:
+        for number, survivors in zip(share_numbers, share):
+            selected[number] = survivors
+    return selected

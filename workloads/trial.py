@@ -163,10 +163,14 @@ SELECTION_METRIC = f"val_{PRIMARY_METRIC}"  # every epoch is chosen on validatio
 
 def choose_epoch(epoch_metrics: Sequence[Mapping[str, float]]) -> int:
     """The index of the chosen epoch: the best validation nDCG@10 (the fused ranking's when
-    interpolating); a tie keeps the earlier epoch. The one selection rule of every command."""
+    interpolating); a tie keeps the earlier epoch. The one selection rule of every command.
+    With SIR stages (v1, v2) only the last stage's epochs compete: the last compressor is
+    the model SIR evaluates."""
     if not epoch_metrics:
         raise ValueError("no epoch to choose from")
-    return max(range(len(epoch_metrics)), key=lambda i: (epoch_metrics[i][SELECTION_METRIC], -i))
+    last_stage = max(m.get("stage", 1) for m in epoch_metrics)
+    candidates = [i for i, m in enumerate(epoch_metrics) if m.get("stage", 1) == last_stage]
+    return max(candidates, key=lambda i: (epoch_metrics[i][SELECTION_METRIC], -i))
 
 
 def final_interpolation(spec: TrialSpec, tuned_weight: float | None) -> float | str:

@@ -185,7 +185,7 @@ def trial_key(spec: TrialSpec) -> str:
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
     ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
-    ``optimization.batching`` and ``cft_positives``, ``sir``, the loss readings of
+    ``optimization.batching``, ``cft_positives`` and ``micro_batch_size``, ``sir``, the loss readings of
     ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
     tracked before it existed keep their identity; ``optimization.gradient_checkpointing``
     changes memory, not results, and is never part of it. Augmented trials also key the
@@ -208,6 +208,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["training_data"] = {"negatives"}  # added with per-query lists
     # gradient checkpointing changes memory, not results
     exclude["optimization"] = {"gradient_checkpointing"}
+    if spec.optimization.micro_batch_size is None:
+        exclude["optimization"].add("micro_batch_size")  # added with micro-batched steps
     if spec.optimization.batching == "triples":
         exclude["optimization"] |= {"batching", "cft_positives"}
     elif spec.optimization.batching != "cft":

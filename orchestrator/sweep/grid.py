@@ -79,6 +79,24 @@ class Choices(_Strict):
     choices: list[Any] = Field(min_length=1)
 
 
+class LevelChoices(_Strict):
+    """SIR level sizes to search (K per level, positive included): each choice a whole
+    schedule, e.g. [[48, 16], [64, 16], [48, 24], [48, 16, 8]]; a cell samples those with as
+    many levels as its own curriculum."""
+
+    choices: list[list[int]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shrinking(self) -> LevelChoices:
+        for levels in self.choices:
+            SIRSpec(variant="v3", levels=levels)  # the curriculum's own rule (shrinking, at least 2)
+        return self
+
+    def for_levels(self, count: int) -> list[str]:
+        """The choices with ``count`` levels, as Optuna categories ("48-16")."""
+        return ["-".join(str(k) for k in levels) for levels in self.choices if len(levels) == count]
+
+
 class SearchSpec(_Strict):
     trials_per_cell: int = Field(default=4, ge=1)
     sampler_seed: int = 13
@@ -93,6 +111,7 @@ class SearchSpec(_Strict):
     margin: FloatRange | Choices | None = Field(default=None, description="hinge margin of pairwise and mhl")
     nca_scale: FloatRange | Choices | None = Field(default=None, description="s of RankingNCA")
     k: Choices | None = Field(default=None, description="k_a, the sentences an augmenter keeps")
+    sir_levels: LevelChoices | None = Field(default=None, description="SIR's K per level (cells with a curriculum)")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -147,6 +166,8 @@ class Cell:
         names = ["learning_rate", *searchable_parameters(self.spec.loss)]
         if self.spec.augmentation.method != "none":
             names.append("k")
+        if self.spec.sir is not None and self.spec.sir.variant != "v0":
+            names.append("sir_levels")
         return tuple(names)
 
 

@@ -224,10 +224,11 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                 config = trial.config
                 spec = TrialSpec.model_validate(config["spec"])
                 key = f"{config['cell']}/{config['train_run']}"
-                # a cell and its trials carry the same axis tags (the cell's)
+                # a cell and its trials carry the same axis tags (the cell's: a searched SIR schedule
+                # is a param, not a new loss label)
                 tags = {schema.PARENT_TAG: cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
                         schema.SWEEP_TAG: sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
-                        **schema.axes(spec)}
+                        **schema.axes(spec), **config.get("axes", {})}
                 params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
                 self.runs[trial.trial_id] = tracker.start_trial_run(experiment_id, config["train_run"], key, params, tags)
             return self.runs[trial.trial_id]

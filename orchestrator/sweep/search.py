@@ -15,7 +15,7 @@ import optuna
 from ray.tune.search import Searcher
 
 from orchestrator.core.schema import OBJECTIVE
-from orchestrator.sweep.grid import Cell, Choices, FloatRange, SearchSpec
+from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec
 from workloads.spec import LOSS_HYPERPARAMETERS, TrialSpec
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
@@ -33,6 +33,8 @@ def sample(trial: optuna.Trial, cell: Cell, search: SearchSpec) -> dict[str, flo
             params[name] = trial.suggest_float(name, space.low, space.high, log=space.log)
         elif isinstance(space, Choices):
             params[name] = trial.suggest_categorical(name, space.choices)
+        elif isinstance(space, LevelChoices) and (options := space.for_levels(len(cell.spec.sir.levels))):
+            params[name] = trial.suggest_categorical(name, options)  # Optuna categories are scalars: "48-16"
     return params
 
 
@@ -46,6 +48,8 @@ def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
             data["loss"][name] = value
         elif name == "k":
             data["augmentation"]["k"] = value
+        elif name == "sir_levels":
+            data["sir"]["levels"] = [int(k) for k in str(value).split("-")]
         else:
             raise ValueError(f"unknown searched parameter '{name}'")
     return TrialSpec.model_validate(data)
@@ -111,12 +115,16 @@ class CellStudiesSearcher(Searcher):
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
             spec = apply_params(cell.spec, params)
-            return {"cell": cell.key, "optuna_trial": trial.number, "train_run": train_run, "params": params,
+            return {"cell": cell.key, "axes": cell.axes, "optuna_trial": trial.number, "train_run": train_run, "params": params,
                     "spec": spec.model_dump(mode="json"), **self.extra_config}
         return Searcher.FINISHED if not self.live else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if self.metric in result:
+        if self.metric not in result:
+            return
+        if result.get("final"):  # the chosen epoch's value (the lifecycle's rule, e.g. SIR's last stage only)
+            self.best_seen[trial_id] = result[self.metric]
+        else:
             self.best_seen[trial_id] = max(self.best_seen.get(trial_id, float("-inf")), result[self.metric])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

@@ -20,11 +20,14 @@ def test_sir_doc19_dry_run_lists_v0_and_the_variants_per_model():
                           cwd=REPO, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    # 2 models x (V0 baseline + v3/v4 x top/random x 3/4 levels) = 18 cells, 3 trials each
-    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["unavailable_cells"]) == (18, 2, 54, 0)
+    # 2 models x (V0 baseline + v1/v2: 5 columns + v3/v4 x top/random x 3/4 levels) = 28 cells, 3 trials each
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["unavailable_cells"]) == (28, 2, 84, 0)
     losses = {c["loss"] for c in plan["cells_detail"]}
-    assert losses == {"sir"} | {f"sir@{v}[{levels}{sel}]" for v in ("v3", "v4") for levels in ("48-16", "48-16-8")
-                                for sel in ("", ",random")}
+    staged = {"sir@v1[48-16,random]", "sir@v1[48-16]", "sir@v2[48-16,random]", "sir@v2[48-16]", "sir@v2[48-16-8,random]"}
+    assert losses == {"sir"} | staged | {f"sir@{v}[{levels}{sel}]" for v in ("v3", "v4") for levels in ("48-16", "48-16-8")
+                                         for sel in ("", ",random")}
+    searched = {c["loss"]: c["searched"] for c in plan["cells_detail"]}
+    assert searched["sir"] == ["learning_rate"] and searched["sir@v1[48-16]"] == ["learning_rate", "sir_levels"]
 
 
 def _sweep(**grid) -> SweepSpec:
@@ -50,3 +53,26 @@ def test_v0_in_the_losses_and_grid_owned_training_data_are_refused():
         SweepSpec.model_validate({"name": "s", "base": {"training_data": {"size": 100}},
                                   "grid": {"models": ["m"], "losses": [{"ranking": "pointwise"}],
                                            "augmentations": [{"method": "none"}], "sizes": [100]}})
+
+
+def test_k_per_level_is_searched_among_schedules_of_the_cells_depth():
+    import optuna
+
+    from orchestrator.sweep.search import apply_params, sample
+
+    sweep = _sweep(baseline_ranking="sir", losses=[{"ranking": "sir", "sir": {"variant": "v2", "levels": [4, 2]}},
+                                                   {"ranking": "sir", "sir": {"variant": "v3", "levels": [6, 4, 2]}}])
+    search = sweep.search.model_validate({"sir_levels": {"choices": [[4, 2], [6, 2], [6, 4, 2], [5, 3, 2]]}})
+    baseline, two, three = expand_grid(sweep)
+    seen = {len_: set() for len_ in (2, 3)}
+    for cell in (two, three):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))  # one study per cell, as a sweep
+        for _ in range(12):
+            params = sample(study.ask(), cell, search)
+            spec = apply_params(cell.spec, params)
+            seen[len(cell.spec.sir.levels)].add(tuple(spec.sir.levels))
+            assert spec.sir.variant == cell.spec.sir.variant and spec.training_data == cell.spec.training_data
+    assert seen == {2: {(4, 2), (6, 2)}, 3: {(6, 4, 2), (5, 3, 2)}}
+    assert "sir_levels" not in sample(study.ask(), baseline, search)  # V0 has no levels
+    with pytest.raises(ValueError, match="levels must shrink"):
+        sweep.search.model_validate({"sir_levels": {"choices": [[4, 4]]}})

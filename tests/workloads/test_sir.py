@@ -8,7 +8,7 @@ import torch
 
 from workloads.batching import lists_to_batch
 from workloads.losses import ModelOutputs, build_ranking_loss
-from workloads.sir import conditional_log_probs, curriculum_loss, select_survivors
+from workloads.sir import compress_blocks, compressed_rows, conditional_log_probs, curriculum_loss, select_survivors
 from workloads.spec import SIRSpec
 
 SCORES = [2.0, 1.0, 3.0, -1.0]  # one block: the positive first, then three negatives
@@ -144,6 +144,136 @@ def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_mo
     from orchestrator.sweep.runner import _is_out_of_memory
 
     assert issubclass(training.StepOutOfMemoryError, MemoryError) and _is_out_of_memory(training.StepOutOfMemoryError("x"))
+
+
+def test_offline_selection_keeps_the_top_negatives_of_the_current_ones_by_original_position():
+    rows = [{"query": "q0", "positive": "p", "negatives": ["a", "b", "c", "d", "e"], "negative_ids": list("ABCDE")},
+            {"query": "q1", "positive": "p", "negatives": ["a", "b", "c"], "negative_ids": list("ABC")}]
+    value = {"p": 0.0, "a": 1.0, "b": 4.0, "c": 2.0, "d": 4.0, "e": 3.0}
+    calls = []
+
+    def score(queries, documents):
+        calls.append(len(documents))
+        return [value[d] for d in documents]
+
+    # row 0 currently holds its negatives 0, 1, 3, 4 (a, b, d, e): keep 2 -> b and d (a tie: both 4)
+    assert compress_blocks(score, rows, [[0, 1, 3, 4], [0, 1, 2]], 3, "top", 13, 1) == [[1, 3], [1, 2]]
+    assert calls == [5 + 4]  # every block's positive and current negatives, in one scoring call
+    compressed = compressed_rows(rows, [[1, 3], [2]])
+    assert (compressed[0]["negatives"], compressed[0]["negative_ids"], compressed[1]["negatives"]) == (["b", "d"], ["B", "D"], ["c"])
+    assert compressed_rows(rows, None) is rows
+
+
+def test_random_offline_selection_is_seeded_per_row_not_per_shard():
+    rows = [{"query": f"q{i}", "positive": "p", "negatives": [f"n{j}" for j in range(9)]} for i in range(6)]
+    kept = [list(range(9)) for _ in rows]
+
+    def score(queries, documents):
+        return [0.0] * len(documents)
+
+    whole = compress_blocks(score, rows, kept, 4, "random", 13, 1)
+    assert whole == compress_blocks(score, rows, kept, 4, "random", 13, 1)
+    assert whole != compress_blocks(score, rows, kept, 4, "random", 14, 1)
+    assert all(len(k) == 3 and k == sorted(k) for k in whole)
+    odd = compress_blocks(score, rows[1::2], kept[1::2], 4, "random", 13, 1, row_numbers=[1, 3, 5])
+    assert odd == whole[1::2]  # what a worker with every other row selects
+
+
+def _staged_spec(tiny_model_dir, variant: str, epochs: int = 1):
+    from workloads.spec import TrialSpec
+
+    return TrialSpec.model_validate({
+        "name": f"sir-{variant}", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"negatives": 7, "size": 32}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        "loss": {"ranking": "sir"}, "optimization": {"batching": "per_query", "batch_size": 16, "learning_rate": 1e-3,
+                                                     "epochs": epochs},
+        "sir": {"variant": variant, "levels": [4, 2], "selection": "random"}})
+
+
+def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, stop_after: int | None = None):
+    """Train in-process; returns the weights each stage's objective had at its first step,
+    every epoch's metrics, and a copy of every checkpoint (raises after ``stop_after``)."""
+    import shutil
+
+    import workloads.training as training
+
+    first_weights, reports = {}, []
+    real_step = training.optimization_step
+
+    def recording_step(wrapped, objective, *args, **kwargs):
+        first_weights.setdefault(id(objective), {k: v.detach().clone() for k, v in objective.model.state_dict().items()})
+        return real_step(wrapped, objective, *args, **kwargs)
+
+    def report(metrics, checkpoint):
+        kept = tmp_path / f"epoch-{int(metrics['epoch'])}"
+        shutil.copytree(checkpoint, kept, dirs_exist_ok=True)
+        reports.append((dict(metrics), kept))
+        if stop_after is not None and metrics["epoch"] == stop_after:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(training, "optimization_step", recording_step)
+    try:
+        training.train_cross_encoder(spec, prepared.training, report, resume_from=resume_from)
+    except KeyboardInterrupt:
+        pass
+    return list(first_weights.values()), reports
+
+
+def _weights(checkpoint):
+    from workloads.models.cross_encoder import CrossEncoder
+
+    return CrossEncoder.from_pretrained(str(checkpoint), 64).state_dict()
+
+
+def _same(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_staged_variants_start_each_compressor_from_the_right_weights(tmp_path, tiny_model_dir, scifact_dir, monkeypatch,
+                                                                      variant):
+    from workloads.trial import choose_epoch, prepare_trial
+
+    spec = _staged_spec(tiny_model_dir, variant)
+    starts, reports = _train_recording(spec, prepare_trial(spec), monkeypatch, tmp_path)
+    assert [(m["epoch"], m["stage"]) for m, _ in reports] == [(1, 1), (2, 2), (3, 3)]  # 1 + len(levels) stages
+    assert "epoch_selection_seconds" in reports[0][0] and "epoch_selection_seconds" not in reports[2][0]
+    assert len(starts) == 3
+    stage1_end = _weights(reports[0][1])
+    assert not _same(starts[0], stage1_end)  # stage 1 trained
+    if variant == "v1":   # every compressor from the pretrained weights (the same initialisation)
+        assert _same(starts[1], starts[0]) and _same(starts[2], starts[0])
+    else:                 # C_2 from C_1's final weights, C_3 from C_2's
+        assert _same(starts[1], stage1_end) and _same(starts[2], _weights(reports[1][1]))
+    state = torch.load(reports[0][1] / "training_state.pt", weights_only=False)
+    assert state["kept"] is None and all(len(k) == 3 for k in state["next_kept"])  # levels[0] = 4: 3 negatives
+    later = torch.load(reports[1][1] / "training_state.pt", weights_only=False)
+    assert later["kept"] == state["next_kept"]
+    assert all(len(k) == 1 and set(k) <= set(parent) for k, parent in zip(later["next_kept"], later["kept"]))
+    # the last compressor is the model that is tested, whatever stage 1 validated
+    metrics = [m for m, _ in reports]
+    metrics[0]["val_ndcg_at_10"] = 1.0
+    assert choose_epoch(metrics) == 2
+
+
+def test_a_v1_trial_killed_in_stage_2_resumes_in_stage_2(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
+    from workloads.trial import prepare_trial
+
+    spec = _staged_spec(tiny_model_dir, "v1", epochs=2)
+    prepared = prepare_trial(spec)
+    starts, first = _train_recording(spec, prepared, monkeypatch, tmp_path / "a", stop_after=3)
+    assert [(m["epoch"], m["stage"]) for m, _ in first] == [(1, 1), (2, 1), (3, 2)]
+    stage2_blocks = torch.load(first[-1][1] / "training_state.pt", weights_only=False)["kept"]
+    resumed_starts, rest = _train_recording(spec, prepared, monkeypatch, tmp_path / "b", resume_from=first[-1][1])
+    assert [(m["epoch"], m["stage"]) for m, _ in rest] == [(4, 2), (5, 3), (6, 3)]  # stage 2 goes on, not over
+    assert _same(resumed_starts[0], _weights(first[-1][1]))  # from the epoch-3 weights, not the pretrained ones
+    assert torch.load(rest[0][1] / "training_state.pt", weights_only=False)["kept"] == stage2_blocks
+    assert _same(resumed_starts[1], starts[0])  # stage 3 (v1): the pretrained weights again
+    # a checkpoint at the end of stage 1 starts stage 2 from the pretrained weights and C_1's selection
+    from_end, rest2 = _train_recording(spec, prepared, monkeypatch, tmp_path / "c", resume_from=first[1][1], stop_after=3)
+    assert [(m["epoch"], m["stage"]) for m, _ in rest2] == [(3, 2)] and _same(from_end[0], starts[0])
+    assert torch.load(rest2[0][1] / "training_state.pt", weights_only=False)["kept"] == stage2_blocks
 
 
 @pytest.mark.parametrize("variant", ["v0", "v3", "v4"])

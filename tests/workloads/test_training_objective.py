@@ -40,7 +40,7 @@ def optimizer_for(objective, weight_decay):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), torch.amp.GradScaler("cuda", enabled=False)
 
 
-def _ddp_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str) -> None:
+def _ddp_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str, micro_batch_size=None) -> None:
     from workloads.training import optimization_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -53,18 +53,21 @@ def _ddp_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str) 
         rows = ROWS[:2] if (rank + step) % 2 == 0 else ROWS[2:]  # each worker sees other data
         batch = triples_to_batch(rows)
         pairs = objective.model.encode(batch.queries, batch.documents)
-        optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs, batch.structure, 1.0)
+        optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs, batch.structure, 1.0,
+                          micro_batch_size)
     torch.save(objective.loss_fn.contrastive.map.weight.detach(), f"{out_dir}/map-{rank}.pt")
     dist.destroy_process_group()
 
 
-def test_learned_nca_map_stays_identical_across_data_parallel_workers(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("micro_batch_size", [None, 3])
+def test_learned_nca_map_stays_identical_across_data_parallel_workers(tiny_model_dir, tmp_path, micro_batch_size):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, str(tiny_model_dir), port, str(tmp_path)), nprocs=2, join=True)
+    # micro-batched steps run outside DDP's forward and average the gradients themselves
+    mp.spawn(_ddp_worker, args=(2, str(tiny_model_dir), port, str(tmp_path), micro_batch_size), nprocs=2, join=True)
     first, second = torch.load(tmp_path / "map-0.pt"), torch.load(tmp_path / "map-1.pt")
     assert not torch.allclose(first, torch.eye(first.shape[0]))  # it learned
     assert torch.allclose(first, second, atol=1e-6)              # and every worker holds the same map
@@ -91,3 +94,62 @@ def test_learned_nca_map_is_not_decayed_and_is_clipped(tiny_model_dir):
     assert nca_map.grad is not None and nca_map.grad.norm() <= 1e-4 * (1 + 1e-3)
     total = torch.sqrt(sum(p.grad.norm() ** 2 for p in objective.parameters() if p.grad is not None))
     assert total == pytest.approx(1e-4, rel=1e-2)
+
+
+def _step_gradients(objective, inputs, structure, micro_batch_size, seed=0):
+    """Every parameter's gradient after one step's backward (lr 0: the weights stay)."""
+    from workloads.training import optimization_step
+
+    optimizer = torch.optim.SGD(objective.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    torch.manual_seed(seed)
+    loss = optimization_step(objective, objective, optimizer, scheduler, torch.amp.GradScaler("cuda", enabled=False),
+                             inputs, structure, 1e9, micro_batch_size)
+    return float(loss), {n: p.grad.clone() for n, p in objective.named_parameters() if p.grad is not None}
+
+
+def _assert_same(a, b):
+    assert a[0] == pytest.approx(b[0], rel=1e-5)
+    assert a[1].keys() == b[1].keys() and len(a[1]) > 10
+    scale = torch.sqrt(sum(g.norm() ** 2 for g in b[1].values()))
+    for name in a[1]:  # equal up to summation order
+        assert (a[1][name] - b[1][name]).norm() <= 1e-4 * b[1][name].norm() + 1e-6 * scale, name
+
+
+def test_a_micro_batched_step_has_the_whole_steps_gradient(tiny_model_dir):
+    # the NCA loss reads phi and scores of every pair at once: the gradient reaches both
+    objective = make_objective(tiny_model_dir)
+    batch = triples_to_batch(ROWS)  # 16 pairs (augmented)
+    pairs = objective.model.encode(batch.queries, batch.documents)
+    objective.eval()  # no dropout: micro-batches of any size must give the whole step's gradient
+    whole = _step_gradients(objective, pairs.inputs, batch.structure, None)
+    for size in (1, 5, 16):
+        _assert_same(_step_gradients(objective, pairs.inputs, batch.structure, size), whole)
+    # with dropout, the second pass replays each micro-batch's masks: one micro-batch of the
+    # whole step draws what the plain step draws, so the gradients agree exactly too
+    objective.train()
+    _assert_same(_step_gradients(objective, pairs.inputs, batch.structure, 16, seed=3),
+                 _step_gradients(objective, pairs.inputs, batch.structure, None, seed=3))
+    assert not torch.allclose(_step_gradients(objective, pairs.inputs, batch.structure, None, seed=4)[1]["model.score_head.weight"],
+                              _step_gradients(objective, pairs.inputs, batch.structure, None, seed=3)[1]["model.score_head.weight"])
+
+
+def test_a_micro_batched_sir_step_has_the_whole_steps_gradient(tiny_model_dir):
+    """SIR v4 scores every level in its own forward: each is replayed."""
+    from workloads.batching import lists_to_batch
+    from workloads.models.cross_encoder import CrossEncoder
+    from workloads.spec import SIRSpec
+    from workloads.training import CurriculumObjective
+
+    model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=32)
+    objective = CurriculumObjective(model, build_loss(LossSpec(ranking="sir"), 32), None,
+                                    SIRSpec(variant="v4", levels=[4, 2]), "sir")
+    texts = ["cats purr", "dogs bark", "the sky is blue", "hamlet", "water boils", "ice", "grass", "tides"]
+    rows = [{"query_id": q, "query": q, "positive": texts[i], "negative_id": "x", "negative": "x",
+             "negative_ids": [str(j) for j in range(7)], "negatives": [t for t in texts if t != texts[i]][:7]}
+            for i, q in enumerate(["what purrs", "what barks"])]
+    batch = lists_to_batch(rows)
+    pairs = model.encode(batch.queries, batch.documents)
+    objective.eval()
+    whole = _step_gradients(objective, pairs.inputs, batch.structure, None)
+    _assert_same(_step_gradients(objective, pairs.inputs, batch.structure, 3), whole)
