@@ -251,7 +251,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     emit(f"sweep {status['sweep']}: cells done {status['cells_done']}, running {status['cells_running']}, "
           f"failed {status['cells_failed']}, pending {status['cells_pending']} (of {status['cells']}); "
-          f"trials finished {status['trials_finished']}, failed {status['trials_failed']}, running {status['trials_running']}")
+          f"trials finished {status['trials_finished']}, pruned {status['trials_pruned']}, failed {status['trials_failed']}, "
+          f"running {status['trials_running']}")
     if status["selectors"]:
         emit(f"selectors: {status['selectors_trained']} of {status['selectors']} trained")
         for s in status["selector_runs"]:

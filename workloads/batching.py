@@ -39,14 +39,44 @@ def rows_per_batch(batching: str, batch_size: int, negatives: int) -> int:
     return batch_size // 2 if batching == "triples" else batch_size // (1 + negatives) if batching == "per_query" else 1
 
 
+BUCKET_BATCHES = 50  # batches per length-sorted window: local sorting keeps the order random across windows
+
+
+def row_length(row: dict) -> int:
+    """A row's text length in characters (the padding a batch needs follows it)."""
+    negatives = row.get("negatives") or [row.get("negative") or ""]
+    return len(row["query"]) + len(row["positive"]) + max(len(n) for n in negatives)
+
+
+def bucketed(order: list[int], rows: list[dict], size: int, rng: random.Random) -> list[list[int]]:
+    """Length-bucketed batches: the shuffled rows in windows of ``BUCKET_BATCHES`` batches, each
+    window sorted by length and cut into batches, then the batches shuffled. Every row is in
+    exactly one batch (the incomplete last one is dropped); the result depends only on the
+    order and the RNG (seeded)."""
+    usable = len(order) // size * size
+    window = size * BUCKET_BATCHES
+    batches = []
+    for start in range(0, usable, window):
+        chunk = sorted(order[start:min(start + window, usable)], key=lambda i: row_length(rows[i]))
+        batches += [chunk[b:b + size] for b in range(0, len(chunk), size)]
+    rng.shuffle(batches)
+    return batches
+
+
 def plan_epoch(rows: list[dict], batching: str, batch_size: int, negatives: int, cft_positives: int, seed: int,
-               epoch: int) -> list[PlannedBatch]:
-    """Every step of an epoch (an incomplete last batch is dropped)."""
+               epoch: int, length_bucketing: bool = False) -> list[PlannedBatch]:
+    """Every step of an epoch (an incomplete last batch is dropped). ``length_bucketing``
+    groups rows of similar length into batches (less padding; :func:`bucketed`)."""
     if batching not in BATCHINGS:
         raise ValueError(f"unknown batching '{batching}' (known: {', '.join(BATCHINGS)})")
+    if length_bucketing and batching == "cft":
+        raise ValueError("length_bucketing does not apply to cft batches (their positives come from other queries)")
     order = list(range(len(rows)))
     random.Random(seed * 1_000 + epoch).shuffle(order)  # the triples order since the first trial: keep it
     size = rows_per_batch(batching, batch_size, negatives)
+    if length_bucketing:
+        groups = bucketed(order, rows, size, random.Random(f"buckets-{seed}-{epoch}"))
+        return [PlannedBatch(tuple(g)) for g in groups]
     batches = [PlannedBatch(tuple(order[b * size:(b + 1) * size])) for b in range(len(rows) // size)]
     if batching != "cft":
         return batches
@@ -108,4 +138,5 @@ def make_batch(rows: list[dict], planned: PlannedBatch, batching: str) -> PairBa
     return lists_to_batch([rows[i] for i in planned.groups], [rows[i] for i in planned.extra_positives])
 
 
-__all__ = ["BATCHINGS", "PlannedBatch", "plan_epoch", "make_batch", "lists_to_batch", "row_negatives", "rows_per_batch"]
+__all__ = ["BATCHINGS", "PlannedBatch", "plan_epoch", "bucketed", "row_length", "make_batch", "lists_to_batch",
+           "row_negatives", "rows_per_batch"]

@@ -277,6 +277,9 @@ class OptimizationSpec(_Strict):
     cft_positives: int = Field(default=16, ge=2, description="cft: positives per batch, of distinct queries (CFT: 16)")
     gradient_checkpointing: bool = Field(default=False, description="recompute activations in backward: less memory for "
                                                                     "large blocks, more compute")
+    length_bucketing: bool = Field(default=False, description="batches of rows of similar length (sorted within "
+                                                               "windows of 50 batches, batches shuffled): less padding; "
+                                                               "every row once per epoch, seeded")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
                                         "then each micro-batch again with the loss's gradient): a block of any size fits, "
@@ -288,6 +291,8 @@ class OptimizationSpec(_Strict):
         # a non-default value nothing reads is a mistake; defaults pass, so a dumped spec validates again
         if self.batching != "cft" and self.cft_positives != type(self).model_fields["cft_positives"].default:
             raise ValueError(f"cft_positives has no effect with batching '{self.batching}'")
+        if self.batching == "cft" and self.length_bucketing:
+            raise ValueError("length_bucketing does not apply to cft batches (their positives come from other queries)")
         return self
 
     @field_validator("batch_size")

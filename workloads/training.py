@@ -15,6 +15,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,6 +289,28 @@ def load_loss_state(loss_fn: PairLoss, state: dict) -> None:
         raise ValueError(f"loss state does not match the loss: missing {missing}, unexpected {unexpected}")
 
 
+def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: str, device: torch.device):
+    """(batch, tokenized pairs on ``device``) for each planned batch, the next one assembled
+    and tokenized in a thread while the current step runs (the fast tokenizer releases the
+    GIL), in pinned memory with a non-blocking copy on GPU, so the step never waits on input.
+    Written here rather than with a torch DataLoader: one batch of lookahead needs no worker
+    processes, and the rows (with their texts) are not pickled to them every epoch."""
+    pin = device.type == "cuda"
+
+    def prepare(plan):
+        batch = make_batch(rows, plan, batching)
+        pairs = model.encode(batch.queries, batch.documents)
+        return batch, pairs.pin_memory() if pin else pairs
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
+        upcoming = pool.submit(prepare, planned[0]) if planned else None
+        for index in range(len(planned)):
+            batch, pairs = upcoming.result()
+            if index + 1 < len(planned):
+                upcoming = pool.submit(prepare, planned[index + 1])
+            yield batch, pairs.to(device, non_blocking=pin)
+
+
 def _enable_gradient_checkpointing(model: CrossEncoder) -> None:
     # transformers 5 renamed it; the old name warns
     enable = getattr(model.encoder, "activation_checkpointing_enable", model.encoder.gradient_checkpointing_enable)
@@ -336,7 +359,8 @@ def train_cross_encoder(
     negatives = spec.training_data.negatives
 
     def plan(rows: list[dict], epoch: int):
-        return plan_epoch(rows, opt.batching, opt.batch_size, negatives, opt.cft_positives, spec.seed, epoch)
+        return plan_epoch(rows, opt.batching, opt.batch_size, negatives, opt.cft_positives, spec.seed, epoch,
+                          opt.length_bucketing)
 
     batches_per_epoch = len(plan(triples, 1))  # incomplete last batch dropped
     steps_per_rank = batches_per_epoch // world
@@ -371,7 +395,7 @@ def train_cross_encoder(
         optimizer = torch.optim.AdamW(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
         scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
-        if state is not None:
+        if state is not None and "optimizer" in state:  # absent after the last epoch: nothing left to train
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             scaler.load_state_dict(state["scaler"])
@@ -389,10 +413,8 @@ def train_cross_encoder(
             started = time.perf_counter()
             total_loss, pairs_seen = 0.0, 0
             parts: dict[str, float] = {}
-            for step, planned in enumerate(my_batches, 1):
-                batch = make_batch(rows, planned, opt.batching)
+            for step, (batch, pairs) in enumerate(prefetched(model, rows, my_batches, opt.batching, device), 1):
                 pairs_seen += len(batch.documents)  # lists may be shorter than batch_size; augmentation doubles
-                pairs = model.encode(batch.queries, batch.documents).to(device)
                 if isinstance(objective, CurriculumObjective):
                     objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
                 try:
@@ -441,10 +463,12 @@ def train_cross_encoder(
                 metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started
                 checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
                 model.save(checkpoint)
-                torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                            "scaler": scaler.state_dict(), "loss": loss_fn.state_dict(), "epoch": epoch,
-                            "stage": stage, "kept": kept, "next_kept": next_kept},
-                           checkpoint / STATE_FILE)
+                state_out = {"epoch": epoch, "stage": stage, "kept": kept, "next_kept": next_kept,
+                             "loss": loss_fn.state_dict()}
+                if epoch < stages * epochs:  # the trial's last epoch resumes nothing: no optimizer state to write
+                    state_out |= {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                  "scaler": scaler.state_dict()}
+                torch.save(state_out, checkpoint / STATE_FILE)
                 (checkpoint / PROGRESS_FILE).write_text(json.dumps(metrics))
                 fused = (f" (cross-encoder alone {metrics[CROSS_ENCODER_PREFIX + PRIMARY_METRIC]:.4f}, "
                          f"interpolation weight {validation.weight:.2f})" if validation.weight is not None else "")

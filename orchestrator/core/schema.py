@@ -33,6 +33,7 @@ BASELINE_TAG = "baseline"
 CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint; on a selector run: the trained selector
 SELECTOR_DATA_TAG = "rerank_lab.selector_data"  # on a selector run: cell (the cell's N pairs) or full (every training query)
 FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed
+PRUNED_TAG = "pruned_at_epoch"          # a trial run its cell's pruner stopped (status KILLED): the last epoch it trained
 ERROR_TAG = "error"                     # the last line of the error
 PARENT_TAG = "mlflow.parentRunId"        # MLflow's own: nests runs in the UI
 NOTE_TAG = "mlflow.note.content"         # MLflow's own: a run's description
@@ -185,7 +186,7 @@ def trial_key(spec: TrialSpec) -> str:
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
     ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
-    ``optimization.batching``, ``cft_positives`` and ``micro_batch_size``, ``sir``, the loss readings of
+    ``optimization.batching``, ``cft_positives``, ``micro_batch_size`` and ``length_bucketing``, ``sir``, the loss readings of
     ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
     tracked before it existed keep their identity; ``optimization.gradient_checkpointing``
     changes memory, not results, and is never part of it. Augmented trials also key the
@@ -210,6 +211,8 @@ def trial_key(spec: TrialSpec) -> str:
     exclude["optimization"] = {"gradient_checkpointing"}
     if spec.optimization.micro_batch_size is None:
         exclude["optimization"].add("micro_batch_size")  # added with micro-batched steps
+    if not spec.optimization.length_bucketing:
+        exclude["optimization"].add("length_bucketing")  # added with length-bucketed batches
     if spec.optimization.batching == "triples":
         exclude["optimization"] |= {"batching", "cft_positives"}
     elif spec.optimization.batching != "cft":

@@ -110,6 +110,8 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         selectors = selector_block(tracker, results.experiment_id)
         if selectors and request.output_format != "csv":
             blocks.append(selectors)
+        if request.output_format != "csv":
+            blocks.append(search_line(tracker, results))
         _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][1], request.options.digits))
         files += sweep_files
     if request.transfer:
@@ -119,6 +121,17 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         transfer_dir.mkdir(parents=True, exist_ok=True)
         files += _write_table(table, transfer_dir / f"transfer-{request.options.metric}", request.options.digits)
     return ReportOutput("\n".join(blocks), files)
+
+
+def search_line(tracker: Tracker, results: SweepResults) -> str:
+    """How the search spent its trials: complete, pruned (by the cells' pruner), failed."""
+    runs = tracker.runs_of_kind(results.experiment_id, schema.TRIAL)
+    count = {status: sum(1 for r in runs if r.info.status == status) for status in ("FINISHED", "KILLED", "FAILED", "RUNNING")}
+    pruned_after = sorted(int(r.data.tags[schema.PRUNED_TAG]) for r in runs if schema.PRUNED_TAG in r.data.tags)
+    where = f" (after epoch {', '.join(str(e) for e in sorted(set(pruned_after)))})" if pruned_after else ""
+    return (f"Search ({results.sweep.search.pruner} pruner): {len(runs)} trial runs: {count['FINISHED']} complete, "
+            f"{count['KILLED']} pruned{where}, {count['FAILED']} failed" + (f", {count['RUNNING']} running" if count["RUNNING"] else "")
+            + "\n")
 
 
 def selector_block(tracker: Tracker, experiment_id: str) -> str:

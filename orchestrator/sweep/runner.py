@@ -44,10 +44,12 @@ from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
+    PRUNED_AT,
     TRAIN_RUN,
     CellStudiesSearcher,
     apply_params,
     finished_trials,
+    pruning_scheduler,
     requeue_interrupted,
 )
 from workloads.logs import configure as configure_logging
@@ -95,6 +97,7 @@ class CellProgress:
     trials_complete: int
     trials_failed: int
     best: float | None
+    trials_pruned: int = 0
 
 
 def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
@@ -108,14 +111,15 @@ def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
     out = []
     for cell in cells:
         if cell.spec is None or cell.key not in existing:
-            out.append(CellProgress(cell, 0, 0, 0, None))
+            out.append(CellProgress(cell, 0, 0, 0, None, 0))
             continue
         study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
         trials = study.get_trials(deepcopy=False)
         complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
         failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get(COUNTED)]
+        pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
         best = max((t.value for t in complete), default=None)
-        out.append(CellProgress(cell, finished_trials(study), len(complete), len(failed), best))
+        out.append(CellProgress(cell, finished_trials(study), len(complete), len(failed), best, len(pruned)))
     return out
 
 
@@ -124,7 +128,7 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     runnable = [r for r in rows if r.cell.spec is not None]
     per_cell = sweep.search.trials_per_cell
     trials_runnable = per_cell * len(runnable)
-    trials_done = sum(r.trials_complete + r.trials_failed for r in runnable)
+    trials_done = sum(r.trials_complete + r.trials_failed + r.trials_pruned for r in runnable)
     unavailable: dict[str, int] = {}
     for r in rows:
         if r.cell.unavailable:
@@ -158,7 +162,8 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
         "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable + len(selectors),
         "cells_detail": [
             {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
-             "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed, "best": r.best}
+             "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed + r.trials_pruned,
+             "trials_pruned": r.trials_pruned, "best": r.best}
             for r in rows
         ],
     }
@@ -206,7 +211,7 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str], sweep: SweepSpec,
-                   display: SweepProgress):
+                   display: SweepProgress, searcher: CellStudiesSearcher):
     from ray.tune import Callback
 
     summary_names = {schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIME_PER_EPOCH, schema.TIME_TRAIN_WALL,
@@ -256,6 +261,11 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             run_id = self._run_id(trial)
+            if trial.trial_id in searcher.pruned:  # stopped by the cell's pruner: recorded, not a result
+                mark_pruned(tracker, run_id, searcher.pruned[trial.trial_id],
+                            time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter()))
+                display.trial_ended(trial.config["cell"], failed=False)
+                return
             failed = trial.last_result.get("failure") if trial.last_result else None
             tracker.finish(run_id, "FAILED" if failed else "FINISHED")
             display.trial_ended(trial.config["cell"], failed=bool(failed))
@@ -266,6 +276,14 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
             display.trial_ended(trial.config["cell"], failed=True)
 
     return MlflowTrialLogger()
+
+
+def mark_pruned(tracker: Tracker, run_id: str, epoch: int, wall: float | None = None) -> None:
+    """A pruned trial's run: KILLED (MLflow's "stopped"), tagged with the epoch it stopped after."""
+    tracker.set_tags(run_id, {schema.PRUNED_TAG: str(epoch)})
+    if wall is not None:
+        tracker.log_metrics(run_id, {schema.TIME_TRIAL: wall})
+    tracker.finish(run_id, "KILLED")
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -308,6 +326,12 @@ def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStu
     closed = 0
     for cell_key, study in searcher.studies.items():
         for trial in study.get_trials(deepcopy=False):
+            if trial.state == optuna.trial.TrialState.PRUNED:
+                run = open_runs.get(f"{cell_key}/{trial.user_attrs.get(TRAIN_RUN)}")
+                if run is not None:
+                    mark_pruned(tracker, run.info.run_id, trial.user_attrs.get(PRUNED_AT, 0))
+                    closed += 1
+                continue
             done = trial.state == optuna.trial.TrialState.COMPLETE
             if not (done or (trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get(COUNTED))):
                 continue
@@ -453,12 +477,12 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
             # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
             # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
             ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
-            tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
-                                            max_concurrent_trials=concurrent),
+            tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=pruning_scheduler(searcher),
+                                            num_samples=remaining, max_concurrent_trials=concurrent),
             run_config=ray.tune.RunConfig(
                 name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
                 failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
-                callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep, display)],
+                callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep, display, searcher)],
                 verbose=0,
             ),
         )
@@ -543,6 +567,7 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict
         "cells_pending": plan["runnable_cells"] - len(by_status(cells, "FINISHED")) - len(by_status(cells, "FAILED")) - len(running_cells),
         "trials_finished": len(by_status(trials, "FINISHED")),
         "trials_failed": len(by_status(trials, "FAILED")),
+        "trials_pruned": len(by_status(trials, "KILLED")),
         "trials_running": len(by_status(trials, "RUNNING")),
         "trials_to_run": plan["trials_to_run"],
         "best": {"cell": best.data.tags.get(schema.CELL_TAG),

@@ -21,6 +21,7 @@ from workloads.spec import LOSS_HYPERPARAMETERS, TrialSpec
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
 FAILURE = "failure"          # user attr: why a trial failed (error, oom)
+PRUNED_AT = "pruned_at_epoch"  # user attr: the last epoch a pruned trial trained
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -55,19 +56,29 @@ def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
     return TrialSpec.model_validate(data)
 
 
+def make_pruner(search: SearchSpec) -> optuna.pruners.BasePruner:
+    """The cell study's pruner: its intermediate values are the validation nDCG@10 of each
+    epoch (step = epoch), so a trial is compared with its own cell's trials at the same epoch."""
+    if search.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=search.pruner_startup_trials, n_warmup_steps=0)
+    if search.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource="auto", reduction_factor=3)
+    return optuna.pruners.NopPruner()
+
+
 def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study:
     # Seeded per cell so two cells do not sample the same sequence.
     seed = (search.sampler_seed * 1_000_003 + int(cell.key.removeprefix("cell-")[:8], 16)) % 2**31
     return optuna.create_study(study_name=cell.key, storage=storage_url, direction="maximize",
                                sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell)),
-                               load_if_exists=True)
+                               pruner=make_pruner(search), load_if_exists=True)
 
 
 def finished_trials(study: optuna.Study) -> int:
-    """Trials that used up one of the cell's slots: COMPLETE, or FAIL after their retries."""
+    """Trials that used up one of the cell's slots: COMPLETE, PRUNED, or FAIL after their retries."""
     states = optuna.trial.TrialState
     return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state == states.COMPLETE or (t.state == states.FAIL and t.user_attrs.get(COUNTED)))
+               if t.state in (states.COMPLETE, states.PRUNED) or (t.state == states.FAIL and t.user_attrs.get(COUNTED)))
 
 
 def running_trials(study: optuna.Study) -> int:
@@ -85,6 +96,19 @@ def requeue_interrupted(study: optuna.Study) -> int:
     return requeued
 
 
+def pruning_scheduler(searcher: CellStudiesSearcher):
+    """A Tune scheduler that stops a trial when its cell's pruner says so: Tune asks the
+    scheduler about each result before the searcher sees it, so the decision is made here,
+    from the searcher's Optuna trial (FIFO otherwise)."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class CellPruningScheduler(FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            return TrialScheduler.STOP if searcher.should_prune(trial.trial_id, result) else TrialScheduler.CONTINUE
+
+    return CellPruningScheduler()
+
+
 class CellStudiesSearcher(Searcher):
     """A Tune searcher that serves every cell's own Optuna study, round-robin."""
 
@@ -95,6 +119,8 @@ class CellStudiesSearcher(Searcher):
         self.studies = {c.key: open_study(storage_url, c, search) for c in self.cells}
         self.live: dict[str, tuple[str, optuna.Trial]] = {}  # tune trial id -> (cell key, asked Optuna trial)
         self.best_seen: dict[str, float] = {}       # tune trial id -> best objective so far
+        self.pruned: dict[str, int] = {}            # tune trial id -> the epoch after which it was pruned
+        self.epochs = {c.key: c.spec.optimization.epochs * (c.spec.sir.stages if c.spec.sir else 1) for c in self.cells}
         self.extra_config: dict = {}                # run-time fields every trial gets (storage path)
         self._next = 0
 
@@ -127,11 +153,29 @@ class CellStudiesSearcher(Searcher):
         else:
             self.best_seen[trial_id] = max(self.best_seen.get(trial_id, float("-inf")), result[self.metric])
 
+    def should_prune(self, trial_id: str, result: dict) -> bool:
+        """Report an epoch's validation value to the trial's Optuna trial (step = epoch) and ask
+        the cell study's pruner whether to stop it (see :class:`CellPruningScheduler`)."""
+        if trial_id not in self.live or self.metric not in result or "epoch" not in result or result.get("final"):
+            return False
+        cell_key, trial = self.live[trial_id]
+        epoch = int(result["epoch"])
+        trial.report(float(result[self.metric]), step=epoch)
+        if epoch < self.epochs[cell_key] and trial.should_prune():  # a trial that trained its last epoch is kept
+            self.pruned[trial_id] = epoch
+            return True
+        return False
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.live:
             return
         cell_key, trial = self.live.pop(trial_id)
         study = self.studies[cell_key]
+        if trial_id in self.pruned and not error:  # a recorded outcome: never retried, never a winner
+            self.best_seen.pop(trial_id, None)
+            trial.set_user_attr(PRUNED_AT, self.pruned[trial_id])
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
         failure = (result or {}).get("failure") if not error else "error"
         best = self.best_seen.pop(trial_id, None)
         if failure or best is None:

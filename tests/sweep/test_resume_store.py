@@ -62,3 +62,62 @@ def test_trial_runs_left_open_are_closed_from_their_optuna_outcome(store):
     assert finished.info.status == "FINISHED" and finished.data.metrics[schema.BEST_OBJECTIVE] == 0.42
     assert failure.info.status == "FAILED" and failure.data.tags[schema.FAILURE_TAG] == "oom"
     assert reconcile_trial_runs(tracker, experiment, searcher) == 0  # nothing left open
+
+
+def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
+    """The cell's pruner, as Tune consults it (the scheduler), with the real searcher and an
+    Optuna SQLite storage: a trial below the median of its cell's earlier trials at an epoch is
+    stopped, recorded PRUNED, counted as done, not re-asked by a resumed searcher, and its
+    MLflow run (left open by a killed driver) is closed as KILLED with the epoch."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from orchestrator.sweep.search import PRUNED_AT, finished_trials, pruning_scheduler, requeue_interrupted
+
+    spec = {**SWEEP, "base": {**SWEEP["base"], "optimization": {"epochs": 3}},
+            "search": {"trials_per_cell": 4, "pruner": "median", "pruner_startup_trials": 1}}
+    sweep = SweepSpec.model_validate(spec)
+    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = CellStudiesSearcher(cells[:1], sweep.search, url)
+    scheduler = pruning_scheduler(searcher)
+    study = searcher.studies[cells[0].key]
+
+    def epochs(trial_id, values):
+        return [scheduler.on_trial_result(None, SimpleNamespace(trial_id=trial_id), {"val_ndcg_at_10": v, "epoch": e})
+                for e, v in enumerate(values, 1)]
+
+    searcher.suggest("a")
+    assert epochs("a", [0.5, 0.6, 0.7]) == [TrialScheduler.CONTINUE] * 3  # the first trial: nothing to compare with
+    searcher.on_trial_result("a", {"val_ndcg_at_10": 0.7, "final": 1})
+    searcher.on_trial_complete("a", {"val_ndcg_at_10": 0.7, "final": 1})
+    config = searcher.suggest("b")
+    assert epochs("b", [0.1]) == [TrialScheduler.STOP]  # below a's 0.5 after epoch 1
+    searcher.on_trial_complete("b", {"val_ndcg_at_10": 0.1, "epoch": 1})
+    searcher.suggest("d")
+    # best-so-far 0.65 is below a's 0.7 at epoch 3, but a trial that trained its last epoch is kept
+    assert epochs("d", [0.55, 0.65, 0.1]) == [TrialScheduler.CONTINUE] * 3
+    searcher.on_trial_result("d", {"val_ndcg_at_10": 0.65, "final": 1})
+    searcher.on_trial_complete("d", {"val_ndcg_at_10": 0.65, "final": 1})
+    searcher.suggest("c")
+    assert epochs("c", [0.9]) == [TrialScheduler.CONTINUE]  # above the median; then the driver is killed
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[1] == optuna.trial.TrialState.PRUNED and study.trials[1].user_attrs[PRUNED_AT] == 1
+    assert study.best_trial.number == 0  # a pruned trial is never the winner
+
+    # a run left open by a killed driver is closed from the PRUNED outcome
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = tracker.experiment_id(sweep.name)
+    run = tracker.start_trial_run(experiment, config["train_run"], f"{cells[0].key}/{config['train_run']}", {}, {})
+    # resume: a new searcher on the same storage
+    resumed = CellStudiesSearcher(cells[:1], sweep.search, url)
+    assert reconcile_trial_runs(tracker, experiment, resumed) == 1
+    closed = tracker.client.get_run(run)
+    assert closed.info.status == "KILLED" and closed.data.tags[schema.PRUNED_TAG] == "1"
+    assert requeue_interrupted(resumed.studies[cells[0].key]) == 1  # c was left RUNNING: re-asked; b is not
+    assert finished_trials(resumed.studies[cells[0].key]) == 3      # a, d (complete) and b (pruned) used their slots
+    assert resumed.remaining() == 1
+    again = resumed.suggest("c2")
+    assert again["train_run"].endswith("-t3")  # the interrupted trial c, resumed from its checkpoints, not b
+    assert resumed.suggest("e") is None  # every slot used or in flight: nothing new to ask

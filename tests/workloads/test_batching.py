@@ -101,3 +101,43 @@ def test_batching_settings_are_checked_against_each_other():
         spec(optimization={"batching": "per_query", "batch_size": 16}, augmentation={"method": "bm25"})
     with pytest.raises(ValueError, match="cft_positives has no effect"):
         spec(optimization={"cft_positives": 8})
+
+
+def _rows_of_lengths(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"query_id": f"q{i}", "query": "q" * rng.randint(5, 30), "positive": "p" * rng.randint(10, 2000),
+             "negative": "n" * rng.randint(10, 2000), "positive_id": f"p{i}", "negative_id": f"n{i}"} for i in range(n)]
+
+
+@pytest.mark.parametrize("batching, negatives", [("triples", 1), ("per_query", 3)])
+def test_length_bucketing_uses_every_row_once_per_epoch_deterministically(batching, negatives):
+    from workloads.batching import plan_epoch, row_length
+
+    rows = _rows_of_lengths(1003)
+    if negatives > 1:
+        rows = [{**r, "negatives": [r["negative"]] * negatives, "negative_ids": ["x"] * negatives} for r in rows]
+    size = 16  # 8 triples, or 4 lists of 1 + 3
+    plan = plan_epoch(rows, batching, size, negatives, 16, seed=13, epoch=1, length_bucketing=True)
+    per_batch = len(plan[0].groups)
+    seen = [i for b in plan for i in b.groups]
+    assert len(seen) == len(set(seen)) == 1003 // per_batch * per_batch  # each row once; the incomplete batch dropped
+    assert all(len(b.groups) == per_batch for b in plan)
+    assert plan == plan_epoch(rows, batching, size, negatives, 16, seed=13, epoch=1, length_bucketing=True)
+    assert plan != plan_epoch(rows, batching, size, negatives, 16, seed=13, epoch=2, length_bucketing=True)
+    assert plan != plan_epoch(rows, batching, size, negatives, 16, seed=14, epoch=1, length_bucketing=True)
+    plain = plan_epoch(rows, batching, size, negatives, 16, seed=13, epoch=1)
+
+    def padded(batches):  # what dynamic padding costs: every row padded to its batch's longest
+        return sum(max(row_length(rows[i]) for i in b.groups) * len(b.groups) for b in batches)
+
+    assert padded(plan) < 0.75 * padded(plain)
+    # batches are not in length order (shuffled after bucketing)
+    longest = [max(row_length(rows[i]) for i in b.groups) for b in plan]
+    assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+
+
+def test_length_bucketing_is_refused_for_cft_batches():
+    from workloads.spec import OptimizationSpec
+
+    with pytest.raises(ValueError, match="length_bucketing does not apply to cft"):
+        OptimizationSpec(batching="cft", batch_size=31, length_bucketing=True)

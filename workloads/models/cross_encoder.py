@@ -14,6 +14,7 @@ Checkpoints are a directory: the encoder and tokenizer via ``save_pretrained``
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +81,12 @@ class EncodedPairs:
 
     inputs: dict[str, torch.Tensor]
 
-    def to(self, device: torch.device) -> EncodedPairs:
-        return EncodedPairs({k: v.to(device) for k, v in self.inputs.items()})
+    def to(self, device: torch.device, non_blocking: bool = False) -> EncodedPairs:
+        return EncodedPairs({k: v.to(device, non_blocking=non_blocking) for k, v in self.inputs.items()})
+
+    def pin_memory(self) -> EncodedPairs:
+        """Page-locked copies, so a copy to the GPU can overlap compute."""
+        return EncodedPairs({k: v.pin_memory() for k, v in self.inputs.items()})
 
 
 POOLINGS = ("cls", "mean")
@@ -182,12 +187,34 @@ def score_pairs(
     return scores
 
 
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matrix products natively (x86 AVX512-BF16 or AMX-BF16,
+    Arm BF16), read from /proc/cpuinfo's flags. Without it, bf16 is emulated and slower than
+    fp32, so ``precision: auto`` stays fp32 there."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no way to tell cheaply; fp32 is the safe choice
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
-    """The mixed-precision dtype for ``precision`` on ``device``; None means fp32."""
-    if precision == "fp32" or device.type != "cuda":
+    """The mixed-precision dtype for ``precision`` on ``device``; None means fp32.
+
+    ``auto``: bf16 on GPUs that have it, else fp16 on GPU; on CPU bf16 where the CPU has
+    native bf16 (:func:`cpu_has_native_bf16`), else fp32. An explicit ``bf16``/``fp16`` is
+    honoured on CPU too."""
+    if precision == "fp32":
         return None
     if precision == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 

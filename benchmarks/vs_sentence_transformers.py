@@ -1,0 +1,202 @@
+"""Training and scoring throughput: our cross-encoder vs sentence-transformers', side by side.
+
+The field's standard trainer is sentence-transformers' ``CrossEncoderTrainer`` with
+``BinaryCrossEntropyLoss`` (and ``CrossEncoder.predict`` for scoring). Both sides get, in one
+process, the same model (MiniLM-L6 by default), the same pairs (our training set of each
+configuration, every (q, d+) and (q, d-) of it), the same batch size, max length, torch
+threads and device. Ours is the real training loop (``workloads.training.train_cross_encoder``,
+one epoch, pointwise BCE, its own ``epoch_train_seconds``) and the real scorer
+(``workloads.models.cross_encoder.score_pairs``), at ``precision: auto`` (bf16 autocast on a
+CPU with native bf16) and at fp32. sentence-transformers runs at its defaults (fp32) and at
+its best setting here (training: ``bf16=True``, autocast; scoring: bf16 weights).
+
+Configurations: SciFact (long abstracts, BM25 negatives) and WikiQA (short sentences, the
+given lists) at 128 and 256 tokens. Prints a table (pairs/s and ratios) and writes JSON.
+
+    pip install -e '.[bench]'
+    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/vs_sentence_transformers.py \
+        [--train-pairs 160] [--score-pairs 512] [--threads 2] [--out benchmarks/results/vs_sentence_transformers.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DATASETS = {
+    "scifact": {"data": {"collection": "beir/scifact", "validation_queries": 5},
+                "first_stage": {"train_depth": 50, "validation_depth": 5, "test_depth": 5}},
+    "wikiqa": {"data": {"collection": "wikiqa", "train_split": "train", "validation_split": "dev", "validation_queries": 5},
+               "first_stage": {"method": "given", "train_depth": 100, "validation_depth": 5, "test_depth": 5}},
+}
+
+
+def trial_spec(dataset: str, max_length: int, pairs: int, batch_size: int, precision: str, model: str):
+    from workloads.spec import TrialSpec
+
+    return TrialSpec.model_validate({
+        "name": f"bench-{dataset}-{max_length}", "seed": 13, **DATASETS[dataset],
+        "training_data": {"size": pairs, "seed": 13}, "model": {"name": model, "max_length": max_length},
+        "optimization": {"epochs": 1, "batch_size": batch_size, "learning_rate": 2e-5, "precision": precision,
+                         "eval_batch_size": 64},
+    })
+
+
+def training_pairs(parquet: str) -> tuple[list[str], list[str], list[float]]:
+    import pyarrow.parquet as pq
+
+    queries, documents, labels = [], [], []
+    for row in pq.read_table(parquet).to_pylist():
+        for text, label in ((row["positive"], 1.0), (row["negative"], 0.0)):
+            queries.append(row["query"])
+            documents.append(text)
+            labels.append(label)
+    return queries, documents, labels
+
+
+def ours_training(spec, prepared) -> float:
+    """Pairs/s of our training loop (its own clock: the steps, not validation)."""
+    from workloads.training import train_cross_encoder
+
+    epochs: list[dict] = []
+
+    def keep(metrics: dict, checkpoint: Path | None) -> None:
+        epochs.append(dict(metrics))
+        if checkpoint is not None:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+    train_cross_encoder(spec, prepared.training, keep)
+    steps_pairs = (spec.training_data.size // spec.optimization.batch_size) * spec.optimization.batch_size
+    return steps_pairs / epochs[0]["epoch_train_seconds"]
+
+
+def st_model(path: str, max_length: int, bf16_weights: bool = False):
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    model = CrossEncoder(path, num_labels=1, max_length=max_length, device="cpu")
+    return model.to(torch.bfloat16) if bf16_weights else model
+
+
+def st_training(path: str, max_length: int, pairs: tuple, batch_size: int, bf16: bool) -> float:
+    """Pairs/s of CrossEncoderTrainer + BinaryCrossEntropyLoss (its ``train_runtime``)."""
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoderTrainer, CrossEncoderTrainingArguments
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    queries, documents, labels = pairs
+    usable = len(labels) // batch_size * batch_size  # whole batches, as ours (which drops the last)
+    dataset = Dataset.from_dict({"query": queries[:usable], "document": documents[:usable], "label": labels[:usable]})
+    model = st_model(path, max_length)
+    with tempfile.TemporaryDirectory() as out:
+        args = CrossEncoderTrainingArguments(
+            output_dir=out, per_device_train_batch_size=batch_size, num_train_epochs=1, learning_rate=2e-5,
+            warmup_ratio=0.1, bf16=bf16, use_cpu=True, save_strategy="no", report_to="none", logging_steps=10_000,
+            disable_tqdm=True, seed=13, dataloader_drop_last=True)
+        trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=dataset, loss=BinaryCrossEntropyLoss(model))
+        output = trainer.train()
+    return usable / output.metrics["train_runtime"]
+
+
+def timed(function, *args, **kwargs) -> float:
+    started = time.perf_counter()
+    function(*args, **kwargs)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm-l6")
+    parser.add_argument("--train-pairs", type=int, default=160, help="training pairs per run (whole batches)")
+    parser.add_argument("--score-pairs", type=int, default=512, help="pairs scored per run")
+    parser.add_argument("--batch-size", type=int, default=16, help="training pairs per step, both sides")
+    parser.add_argument("--score-batch-size", type=int, default=64, help="pairs per scoring batch, both sides")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--datasets", default="scifact,wikiqa")
+    parser.add_argument("--lengths", default="128,256")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_sentence_transformers.json"))
+    args = parser.parse_args()
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, resolve_model_name, score_pairs
+    from workloads.trial import prepare_trial
+
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    path = resolve_model_name(args.model)
+    auto = autocast_dtype(torch.device("cpu"), "auto")
+    rows = []
+    for dataset in args.datasets.split(","):
+        for max_length in (int(n) for n in args.lengths.split(",")):
+            spec = trial_spec(dataset, max_length, args.train_pairs, args.batch_size, "auto", args.model)
+            prepared = prepare_trial(spec)
+            pairs = training_pairs(prepared.training.training_set)
+            row = {"dataset": dataset, "max_length": max_length}
+            # training: ours (auto, fp32) and theirs (defaults, bf16), alternating
+            row["train_ours_auto"] = ours_training(spec, prepared)
+            row["train_st_default"] = st_training(path, max_length, pairs, args.batch_size, bf16=False)
+            row["train_ours_fp32"] = ours_training(spec.model_copy(update={"optimization": spec.optimization.model_copy(
+                update={"precision": "fp32"})}), prepared)
+            row["train_st_bf16"] = st_training(path, max_length, pairs, args.batch_size, bf16=True)
+            # scoring the same pairs (repeated to --score-pairs)
+            n = args.score_pairs
+            queries = (pairs[0] * (n // len(pairs[0]) + 1))[:n]
+            documents = (pairs[1] * (n // len(pairs[1]) + 1))[:n]
+            ours = CrossEncoder.from_pretrained(path, max_length)
+            theirs = st_model(path, max_length)
+            theirs_bf16 = st_model(path, max_length, bf16_weights=True)
+            batch = args.score_batch_size
+
+            # one-time kernel set-up, both sides, untimed
+            score_pairs(ours, queries[:batch], documents[:batch], batch, torch.device("cpu"), precision="auto")
+            for model in (theirs, theirs_bf16):
+                model.predict(list(zip(queries[:batch], documents[:batch])), batch_size=batch, show_progress_bar=False)
+            cpu = torch.device("cpu")
+            row["score_ours_auto"] = n / timed(score_pairs, ours, queries, documents, batch, cpu, precision="auto")
+            row["score_st_default"] = n / timed(theirs.predict, list(zip(queries, documents)), batch_size=batch,
+                                                show_progress_bar=False)
+            row["score_ours_fp32"] = n / timed(score_pairs, ours, queries, documents, batch, cpu, precision="fp32")
+            row["score_st_bf16"] = n / timed(theirs_bf16.predict, list(zip(queries, documents)), batch_size=batch,
+                                             show_progress_bar=False)
+            for kind in ("train", "score"):
+                row[f"{kind}_ratio_vs_default"] = row[f"{kind}_ours_auto"] / row[f"{kind}_st_default"]
+                row[f"{kind}_ratio_vs_best"] = row[f"{kind}_ours_auto"] / max(row[f"{kind}_st_default"], row[f"{kind}_st_bf16"])
+            rows.append(row)
+            print(f"{dataset} {max_length}: train {row['train_ours_auto']:.1f} vs {row['train_st_default']:.1f} pairs/s, "
+                  f"score {row['score_ours_auto']:.1f} vs {row['score_st_default']:.1f}", flush=True)
+
+    print(f"\nmodel {args.model}, batch {args.batch_size} (scoring {args.score_batch_size}), {args.threads} threads, "
+          f"CPU {platform.processor() or platform.machine()}, our precision auto = {auto or torch.float32}")
+    head = (f"{'dataset':<9}{'len':>5} | {'train pairs/s: ours':>20}{'ours fp32':>10}{'ST':>8}{'ST bf16':>9}{'x ST':>7}"
+            f"{'x best':>8} | {'score: ours':>12}{'ours fp32':>10}{'ST':>8}{'ST bf16':>9}{'x ST':>7}{'x best':>8}")
+    print(head)
+    for r in rows:
+        print(f"{r['dataset']:<9}{r['max_length']:>5} | {r['train_ours_auto']:>20.1f}{r['train_ours_fp32']:>10.1f}"
+              f"{r['train_st_default']:>8.1f}{r['train_st_bf16']:>9.1f}{r['train_ratio_vs_default']:>7.2f}"
+              f"{r['train_ratio_vs_best']:>8.2f} | {r['score_ours_auto']:>12.1f}{r['score_ours_fp32']:>10.1f}"
+              f"{r['score_st_default']:>8.1f}{r['score_st_bf16']:>9.1f}{r['score_ratio_vs_default']:>7.2f}"
+              f"{r['score_ratio_vs_best']:>8.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": vars(args), "our_auto_precision": str(auto or torch.float32),
+                               "torch": torch.__version__, "rows": rows}, indent=2))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
