@@ -1,7 +1,7 @@
 """What a grid costs with and without per-cell pruning, measured on a real small sweep.
 
-The same sweep (SciFact, MiniLM-L6, a pointwise baseline and two contrastive cells, 5 Optuna
-trials per cell, 3 epochs per trial, the learning rate searched over a wide log range so
+The same sweep (SciFact, MiniLM-L6, 100 pairs, a pointwise baseline and two contrastive
+cells, 5 Optuna trials per cell, 3 epochs per trial, the learning rate searched over a wide log range so
 that some trials are poor) runs twice in one invocation, each in its own storage and MLflow
 store: ``search.pruner: none`` (exhaustive) and ``median`` (or ``--pruner``). The sweep name,
 hence every cell key and every cell's sampler seed, is the same in both, so the first trials
@@ -37,7 +37,7 @@ def sweep_file(directory: Path, pruner: str, args) -> Path:
     sweep = {
         "name": "sweep-cost",
         "base": {
-            "data": {"collection": "beir/scifact", "validation_queries": 30},
+            "data": {"collection": "beir/scifact", "validation_queries": 20},
             "first_stage": {"train_depth": 50, "validation_depth": 10, "test_depth": 5},
             "optimization": {"epochs": args.epochs, "batch_size": 16, "eval_batch_size": 64},
             "resources": {"workers": 1, "cpus_per_worker": args.cpus_per_trial},
@@ -46,6 +46,7 @@ def sweep_file(directory: Path, pruner: str, args) -> Path:
                  "losses": [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}],
                  "augmentations": [{"method": "none"}], "sizes": [args.size], "seeds": [13]},
         "search": {"trials_per_cell": args.trials, "sampler_seed": 13, "pruner": pruner,
+                   **({"pruner_startup_trials": args.startup} if args.startup is not None else {}),
                    "learning_rate": {"low": 1.0e-6, "high": 1.0e-3, "log": True},
                    "lambda": {"low": 0.1, "high": 0.7}, "tau": {"low": 0.05, "high": 0.5, "log": True},
                    "contrastive_margin": {"low": 0.2, "high": 1.0}},
@@ -96,9 +97,10 @@ def main() -> int:
     parser.add_argument("--model", default="minilm-l6")
     parser.add_argument("--trials", type=int, default=5, help="Optuna trials per cell")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--size", type=int, default=200, help="training pairs")
+    parser.add_argument("--size", type=int, default=100, help="training pairs")
     parser.add_argument("--cpus-per-trial", type=float, default=2)
     parser.add_argument("--pruner", default="median", choices=["median", "hyperband"])
+    parser.add_argument("--startup", type=int, default=None, help="search.pruner_startup_trials (default: the default)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sweep_cost.json"))
     args = parser.parse_args()
 

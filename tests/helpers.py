@@ -22,7 +22,8 @@ def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epoch
         },
         "grid": {"models": [str(model_dir)], "max_length": 64, "losses": losses,
                  "augmentations": [{"method": "bm25", "k": 2}], "sizes": [16]},
-        "search": {"trials_per_cell": 2, "learning_rate": {"low": 1e-4, "high": 1e-3, "log": True},
+        # exhaustive: these tests count exact runs (pruning has its own tests)
+        "search": {"trials_per_cell": 2, "pruner": "none", "learning_rate": {"low": 1e-4, "high": 1e-3, "log": True},
                    "lambda": {"low": 0.1, "high": 0.9}, "tau": {"low": 0.05, "high": 0.5, "log": True},
                    "contrastive_margin": {"low": 0.2, "high": 1.0}, "k": {"choices": [1, 2]}},
         "max_failures": 1,

@@ -280,6 +280,9 @@ class OptimizationSpec(_Strict):
     length_bucketing: bool = Field(default=False, description="batches of rows of similar length (sorted within "
                                                                "windows of 50 batches, batches shuffled): less padding; "
                                                                "every row once per epoch, seeded")
+    early_stopping_patience: int | None = Field(
+        default=None, ge=1, description="stop after this many epochs without a better validation nDCG@10 (the chosen "
+                                        "epoch is still the best one); default: every epoch runs")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
                                         "then each micro-batch again with the loss's gradient): a block of any size fits, "
@@ -386,6 +389,8 @@ class TrialSpec(_Strict):
         block = 1 + self.training_data.negatives
         if sir.variant != "v0" and sir.levels[0] >= block:
             raise ValueError(f"sir.levels {sir.levels} must start below the block size 1 + training_data.negatives = {block}")
+        if sir.stages > 1 and self.optimization.early_stopping_patience is not None:
+            raise ValueError(f"early_stopping_patience does not apply to sir {sir.variant}: every stage trains its epochs")
         if sir.variant != "v0" and self.augmentation.method != "none":
             raise ValueError(f"sir variant {sir.variant} compresses blocks of judged documents: augmentation must be none")
 

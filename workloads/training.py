@@ -326,6 +326,8 @@ def _stage_start(spec: TrialSpec, resume_from: Path | None, epochs_per_stage: in
         return 1, 1, None, None, str(resume_from) if resume_from else spec.model.name
     state = torch.load(Path(resume_from) / STATE_FILE, map_location="cpu", weights_only=False)
     done, stage = state["epoch"], state.get("stage", 1)
+    if state.get("stopped"):  # stopped early: nothing is left to train
+        return stage, spec.optimization.epochs * (spec.sir.stages if spec.sir else 1) + 1, state, state.get("kept"), str(resume_from)
     if state.get("next_kept") is not None and done == stage * epochs_per_stage:
         source = spec.model.name if spec.sir.variant == "v1" else str(resume_from)
         return stage + 1, done + 1, None, state["next_kept"], source
@@ -376,8 +378,12 @@ def train_cross_encoder(
     if resume_from is not None and first_epoch > 1:
         _log(rank, f"resumed from {resume_from} after epoch {first_epoch - 1}"
                    + (f" (stage {first_stage} of {stages})" if stages > 1 else ""))
+    patience = opt.early_stopping_patience
+    best_value, stale = ((state or {}).get("best_value", float("-inf")), (state or {}).get("stale", 0))
     model: CrossEncoder | None = None
     for stage in range(first_stage, stages + 1):
+        if first_epoch > stages * epochs:
+            break  # resumed after the last (or an early-stopped) epoch
         seed_everything(spec.seed)  # every compressor starts from the same initialisation (v1: "the same checkpoint")
         if model is None or sir.variant == "v1":
             model = CrossEncoder.from_pretrained(model_source if model is None else spec.model.name,
@@ -463,9 +469,12 @@ def train_cross_encoder(
                 metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started
                 checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
                 model.save(checkpoint)
+                value = metrics["val_" + PRIMARY_METRIC]
+                best_value, stale = (value, 0) if value > best_value else (best_value, stale + 1)
+                stop = patience is not None and stale >= patience and epoch < stages * epochs
                 state_out = {"epoch": epoch, "stage": stage, "kept": kept, "next_kept": next_kept,
-                             "loss": loss_fn.state_dict()}
-                if epoch < stages * epochs:  # the trial's last epoch resumes nothing: no optimizer state to write
+                             "loss": loss_fn.state_dict(), "best_value": best_value, "stale": stale, "stopped": stop}
+                if epoch < stages * epochs and not stop:  # a trial's last epoch resumes nothing: no optimizer state
                     state_out |= {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                   "scaler": scaler.state_dict()}
                 torch.save(state_out, checkpoint / STATE_FILE)
@@ -475,7 +484,20 @@ def train_cross_encoder(
                 _log(rank, f"epoch {epoch}: train {train_seconds:.0f}s, validation {PRIMARY_METRIC} "
                            f"{metrics['val_' + PRIMARY_METRIC]:.4f}{fused}")
             report(metrics, checkpoint)
+            if patience is not None and _agreed(rank == 0 and stop, world):
+                _log(rank, f"early stopping after epoch {epoch}: no better validation {PRIMARY_METRIC} for {patience} "
+                           f"epoch(s) (best {best_value:.4f})")
+                return
         first_epoch, kept = last_epoch + 1, next_kept
+
+
+def _agreed(decision: bool, world: int) -> bool:
+    """Rank 0's decision on every worker (only rank 0 validates)."""
+    if world == 1:
+        return decision
+    flag = [decision]
+    dist.broadcast_object_list(flag, src=0)
+    return bool(flag[0])
 
 
 def _select_for_next_stage(model: CrossEncoder, rows: list[dict], kept: list[list[int]] | None, keep: int,

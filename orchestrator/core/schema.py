@@ -186,11 +186,12 @@ def trial_key(spec: TrialSpec) -> str:
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
     ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
-    ``optimization.batching``, ``cft_positives``, ``micro_batch_size`` and ``length_bucketing``, ``sir``, the loss readings of
-    ``_LEGACY_LOSS_VALUES``, ``augmentation.redraw`` where it changes nothing), so results
-    tracked before it existed keep their identity; ``optimization.gradient_checkpointing``
-    changes memory, not results, and is never part of it. Augmented trials also key the
-    sentence splitter's version: a new splitter makes new training data.
+    ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing`` and
+    ``early_stopping_patience``, ``sir``, the loss readings of ``_LEGACY_LOSS_VALUES``,
+    ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
+    keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
+    and is never part of it. Augmented trials also key the sentence splitter's version: a new
+    splitter makes new training data.
     """
     from workloads.augmentation import SPLITTER_VERSION
     from workloads.losses import loss_parameters
@@ -213,6 +214,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["optimization"].add("micro_batch_size")  # added with micro-batched steps
     if not spec.optimization.length_bucketing:
         exclude["optimization"].add("length_bucketing")  # added with length-bucketed batches
+    if spec.optimization.early_stopping_patience is None:
+        exclude["optimization"].add("early_stopping_patience")  # added with early stopping
     if spec.optimization.batching == "triples":
         exclude["optimization"] |= {"batching", "cft_positives"}
     elif spec.optimization.batching != "cft":

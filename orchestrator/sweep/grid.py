@@ -106,7 +106,7 @@ class SearchSpec(_Strict):
         default="median", description="stop a trial whose validation nDCG@10 after an epoch is below what the cell's "
                                       "earlier trials had reached by then (Optuna's MedianPruner or HyperbandPruner); "
                                       "only against trials of the same cell; pruned trials are recorded, never retried")
-    pruner_startup_trials: int = Field(default=2, ge=0, description="median: trials of a cell that run to the end "
+    pruner_startup_trials: int = Field(default=1, ge=0, description="median: trials of a cell that run to the end "
                                                                      "before any is pruned")
     # Searched hyper-parameters; each applies only to cells whose loss or augmentation has it
     # (tau only for scl/infonce, k only with augmentation, ...).

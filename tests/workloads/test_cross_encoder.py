@@ -75,3 +75,34 @@ def test_mean_pooling_is_the_mean_over_real_tokens_and_survives_a_checkpoint(tin
     assert torch.allclose(reloaded(**pairs.inputs)[0], scores, atol=1e-5)
     with pytest.raises(ValueError, match="unknown pooling"):
         CrossEncoder(model.encoder, model.tokenizer, 32, pooling="max")
+
+
+def test_precision_auto_on_cpu_follows_the_measured_bf16_speedup(monkeypatch):
+    import torch
+
+    import workloads.models.cross_encoder as ce
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(ce, "cpu_bf16_speedup", lambda: 2.5)   # e.g. an AMX CPU
+    assert ce.autocast_dtype(cpu, "auto") == torch.bfloat16
+    monkeypatch.setattr(ce, "cpu_bf16_speedup", lambda: 0.8)   # native bf16, slower than fp32 (this EPYC)
+    assert ce.autocast_dtype(cpu, "auto") is None
+    assert ce.autocast_dtype(cpu, "bf16") == torch.bfloat16    # an explicit choice is honoured
+    assert ce.autocast_dtype(cpu, "fp32") is None
+
+
+def test_the_bf16_measurement_is_made_once_per_machine(tmp_path, monkeypatch):
+    import workloads.models.cross_encoder as ce
+
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ce, "cpu_has_native_bf16", lambda: True)
+    calls = []
+    monkeypatch.setattr(ce, "_matmul_seconds", lambda dtype: calls.append(dtype) or (2.0 if len(calls) == 1 else 1.0))
+    ce.cpu_bf16_speedup.cache_clear()
+    try:
+        assert ce.cpu_bf16_speedup() == 2.0 and len(calls) == 2
+        ce.cpu_bf16_speedup.cache_clear()  # another process on the same machine reads the stored answer
+        assert ce.cpu_bf16_speedup() == 2.0 and len(calls) == 2
+        assert len(list((tmp_path / "machine").glob("bf16-speedup-*.json"))) == 1
+    finally:
+        ce.cpu_bf16_speedup.cache_clear()

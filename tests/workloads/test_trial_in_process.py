@@ -27,3 +27,37 @@ def test_a_tiny_trial_in_process(tmp_path, tiny_model_dir, scifact_dir):
     assert (tmp_path / "checkpoints" / "epoch-1").is_dir() and (tmp_path / "checkpoints" / "epoch-2").is_dir()
     assert tested.evaluation.num_queries == 300 and 0 <= tested.evaluation.aggregate["ndcg_at_10"] <= 1
     assert prepared.data_stats["train_queries"] > 0
+
+
+def test_early_stopping_ends_a_trial_without_progress_and_a_resume_trains_no_more(tmp_path, tiny_model_dir, scifact_dir):
+    import shutil
+
+    from workloads.training import train_cross_encoder
+    from workloads.trial import prepare_trial
+
+    spec = TrialSpec.model_validate({
+        "name": "early", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"size": 16, "seed": 3}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        # a learning rate too small to change any ranking: validation never improves after epoch 1
+        "optimization": {"epochs": 6, "batch_size": 8, "learning_rate": 1e-12, "early_stopping_patience": 2},
+    })
+    prepared = prepare_trial(spec)
+    reports = []
+
+    def keep(metrics, checkpoint):
+        shutil.copytree(checkpoint, tmp_path / f"epoch-{int(metrics['epoch'])}")
+        reports.append(metrics)
+
+    train_cross_encoder(spec, prepared.training, keep)
+    assert [m["epoch"] for m in reports] == [1, 2, 3]  # epochs 2 and 3 without a better value: stop
+    assert len({m["val_ndcg_at_10"] for m in reports}) == 1 and choose_epoch(reports) == 0
+    train_cross_encoder(spec, prepared.training, keep, resume_from=tmp_path / "epoch-3")
+    assert len(reports) == 3  # the stopped trial is done: a restarted worker trains nothing more
+    without = spec.model_copy(update={"optimization": spec.optimization.model_copy(
+        update={"early_stopping_patience": None, "epochs": 4})})
+    reports.clear()
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    train_cross_encoder(without, prepared.training, keep)
+    assert [m["epoch"] for m in reports] == [1, 2, 3, 4]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,7 +164,7 @@ class CrossEncoder(nn.Module):
         return scores, phi
 
 
-@torch.no_grad()
+@torch.inference_mode()  # not no_grad: nothing a backward pass could need is tracked
 def score_pairs(
     model: CrossEncoder, queries: list[str], documents: list[str], batch_size: int = 64,
     device: torch.device | None = None, progress: callable | None = None, precision: str = "auto",
@@ -187,34 +189,82 @@ def score_pairs(
     return scores
 
 
-@functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 matrix products natively (x86 AVX512-BF16 or AMX-BF16,
-    Arm BF16), read from /proc/cpuinfo's flags. Without it, bf16 is emulated and slower than
-    fp32, so ``precision: auto`` stays fp32 there."""
+def _cpu_flags() -> tuple[str, set[str]]:
+    """(model name, feature flags) of this CPU from /proc/cpuinfo; empty off Linux."""
     try:
         text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # not Linux: no way to tell cheaply; fp32 is the safe choice
-        return False
-    flags = set()
+    except OSError:
+        return "", set()
+    name, flags = "", set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+        elif line.startswith("model name") and not name:
+            name = line.split(":", 1)[1].strip()
+    return name, flags
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (x86 AVX512-BF16 or AMX-BF16, Arm BF16)."""
+    return bool(_cpu_flags()[1] & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+BF16_SPEEDUP_NEEDED = 1.2  # margin over measurement noise before auto leaves fp32
+
+
+def _matmul_seconds(dtype: torch.dtype) -> float:
+    a, b = torch.randn(2048, 384, dtype=dtype), torch.randn(384, 1536, dtype=dtype)
+    torch.mm(a, b)  # kernel set-up
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@functools.cache
+def cpu_bf16_speedup() -> float:
+    """How much faster a bf16 matrix product is than fp32 on this CPU at the current thread
+    count (0 without native bf16). Measured once per machine, torch version and thread count
+    (a transformer-layer-sized product, best of 5, about a second) and kept in the cache, so
+    every process on the machine decides alike.
+
+    Native bf16 instructions are not enough: on an AMD EPYC (Zen 4, AVX512-BF16) with
+    torch 2.13, oneDNN's bf16 matmul ran at 149 GFLOP/s against MKL's fp32 at 187, and MiniLM
+    scored 40 pairs/s under bf16 autocast against 51 in fp32; AMX CPUs are several times
+    faster in bf16. So ``auto`` measures instead of guessing."""
+    name, _ = _cpu_flags()
+    if not cpu_has_native_bf16():
+        return 0.0
+    from workloads.paths import cache_dir, stable_key
+
+    path = cache_dir() / "machine" / f"bf16-speedup-{stable_key(name, torch.__version__, torch.get_num_threads())}.json"
+    if path.exists():
+        return json.loads(path.read_text())["speedup"]
+    speedup = _matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"cpu": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                               "speedup": speedup}))
+    tmp.replace(path)
+    return speedup
 
 
 def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
     """The mixed-precision dtype for ``precision`` on ``device``; None means fp32.
 
-    ``auto``: bf16 on GPUs that have it, else fp16 on GPU; on CPU bf16 where the CPU has
-    native bf16 (:func:`cpu_has_native_bf16`), else fp32. An explicit ``bf16``/``fp16`` is
-    honoured on CPU too."""
+    ``auto``: bf16 on GPUs that have it, else fp16 on GPU; on CPU bf16 only where it is
+    measured at least ``BF16_SPEEDUP_NEEDED`` times faster than fp32
+    (:func:`cpu_bf16_speedup`), else fp32. An explicit ``bf16``/``fp16`` is honoured on CPU
+    too."""
     if precision == "fp32":
         return None
     if precision == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
+        return torch.bfloat16 if device.type == "cpu" and cpu_bf16_speedup() >= BF16_SPEEDUP_NEEDED else None
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
