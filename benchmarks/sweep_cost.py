@@ -13,7 +13,7 @@ cluster is billed for, one worker per trial), the sweep's wall time, trials comp
 pruned, and each cell's best validation nDCG@10; then the ratio of compute and the change of
 each cell's best. Prints a table and writes JSON.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/sweep_cost.py [--trials 5] [--epochs 3] [--size 200]
+    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/sweep_cost.py [--trials 5] [--epochs 3] [--size 100] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ def run_variant(pruner: str, directory: Path, args) -> dict:
 
     config = sweep_file(directory, pruner, args)
     storage, uri = directory / f"storage-{pruner}", f"sqlite:///{directory / f'mlflow-{pruner}.db'}"
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(config), "--storage", str(storage),
-                    "--tracking-uri", uri, "-q"], check=True, cwd=REPO, env=dict(os.environ))
-    wall = time.perf_counter() - started
+    done = directory / f"wall-{pruner}.json"  # written once the variant finished: a rerun reuses it
+    if not done.exists():
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(config), "--storage", str(storage),
+                        "--tracking-uri", uri, "-q"], check=True, cwd=REPO, env=dict(os.environ))
+        done.write_text(json.dumps({"wall_seconds": time.perf_counter() - started}))
+    wall = json.loads(done.read_text())["wall_seconds"]
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("sweep-cost")
     runs = client.search_runs([experiment.experiment_id], max_results=10_000)
@@ -101,11 +104,16 @@ def main() -> int:
     parser.add_argument("--cpus-per-trial", type=float, default=2)
     parser.add_argument("--pruner", default="median", choices=["median", "hyperband"])
     parser.add_argument("--startup", type=int, default=None, help="search.pruner_startup_trials (default: the default)")
+    parser.add_argument("--workdir", default=None, help="keep the sweeps here (default: a temporary directory)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sweep_cost.json"))
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="sweep-cost-") as tmp:
-        variants = [run_variant(pruner, Path(tmp), args) for pruner in ("none", args.pruner)]
+    if args.workdir:  # kept: a rerun with the same --workdir reuses a finished variant
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        variants = [run_variant(pruner, Path(args.workdir), args) for pruner in ("none", args.pruner)]
+    else:
+        with tempfile.TemporaryDirectory(prefix="sweep-cost-") as tmp:
+            variants = [run_variant(pruner, Path(tmp), args) for pruner in ("none", args.pruner)]
     exhaustive, pruned = variants
     ratio = pruned["compute_seconds"] / exhaustive["compute_seconds"]
     print(f"\nsweep: {args.model}, SciFact {args.size} pairs, 3 cells x {args.trials} trials x {args.epochs} epochs")

@@ -105,18 +105,22 @@ def _train_loop_per_worker(config: dict) -> None:
                          checkpoint_dir_name=f"epoch-{int(metrics['epoch'])}")
         shutil.rmtree(checkpoint_dir, ignore_errors=True)  # persisted by Ray under the storage path
 
+    # a sweep's pruner asks a trial to stop by creating this file (see orchestrator.sweep.search)
+    stop = {"stop_requested": Path(config["stop_file"]).exists} if config.get("stop_file") else {}
     restored = ray.train.get_checkpoint()
     device = ray.train.torch.get_device()
     if restored is None:
-        kind.train(spec, inputs, report, device=device)
+        kind.train(spec, inputs, report, device=device, **stop)
     else:
         with restored.as_directory() as resume_from:
-            kind.train(spec, inputs, report, device=device, resume_from=Path(resume_from))
+            kind.train(spec, inputs, report, device=device, resume_from=Path(resume_from), **stop)
 
 
-def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: list | None = None):
+def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: list | None = None,
+                 stop_file: Path | None = None):
     """The ``TorchTrainer`` of a trial of any kind (``workloads.kinds``): ``workers``
-    data-parallel workers, a checkpoint per epoch."""
+    data-parallel workers, a checkpoint per epoch. With ``stop_file`` the training loop ends
+    by itself, releasing its workers, once that file exists (a sweep's pruning decision)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -126,7 +130,8 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
     resources = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
     return TorchTrainer(
         _train_loop_per_worker,
-        train_loop_config={"kind": kind_of(spec).name, "spec": spec.model_dump(mode="json"), "inputs": asdict(inputs)},
+        train_loop_config={"kind": kind_of(spec).name, "spec": spec.model_dump(mode="json"), "inputs": asdict(inputs),
+                           **({"stop_file": str(stop_file)} if stop_file is not None else {})},
         scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=run_name,

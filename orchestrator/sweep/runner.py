@@ -49,8 +49,8 @@ from orchestrator.sweep.search import (
     CellStudiesSearcher,
     apply_params,
     finished_trials,
-    pruning_scheduler,
     requeue_interrupted,
+    stop_file,
 )
 from workloads.logs import configure as configure_logging
 from workloads.logs import get_logger
@@ -188,16 +188,22 @@ def _sweep_trial(config: dict) -> None:
             attempts.write(config["train_run"] + "\n")
         raise RuntimeError(f"{FAIL_CELLS_ENV}: this trial raises on purpose")
     prepared = prepare_trial(spec)  # cached by content: the driver prepared every k_a
-    trainer = make_trainer(spec, prepared.training, Path(config["storage"]), config["train_run"], [TuneReportCallback()])
+    pruned = stop_file(config["storage"], config["train_run"])
+    trainer = make_trainer(spec, prepared.training, Path(config["storage"]), config["train_run"], [TuneReportCallback()],
+                           stop_file=pruned)
     started = time.perf_counter()
     try:
         result = trainer.fit()
     except Exception as exc:  # a deterministic out-of-memory is recorded, not retried blindly
         if _is_out_of_memory(exc):
-            ray.tune.report({"failure": "oom"})
+            ray.tune.report({"failure": "oom", schema.OBJECTIVE: float("nan")})  # Tune insists on the metric
             return
         raise
     epochs = epoch_results(result)
+    if pruned.exists():  # stopped by its cell's pruner: an outcome, not a result (Tune insists on the metric)
+        ray.tune.report({PRUNED_AT: max((int(e.metrics["epoch"]) for e in epochs), default=0),
+                         schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan"))})
+        return
     metrics = [e.metrics for e in epochs]
     summary = training_summary(metrics)
     best = epochs[choose_epoch(metrics)]
@@ -477,8 +483,8 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
             # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
             # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
             ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
-            tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=pruning_scheduler(searcher),
-                                            num_samples=remaining, max_concurrent_trials=concurrent),
+            tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+                                            max_concurrent_trials=concurrent),
             run_config=ray.tune.RunConfig(
                 name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
                 failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),

@@ -11,6 +11,8 @@ from its last epoch checkpoint.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 from ray.tune.search import Searcher
 
@@ -96,17 +98,9 @@ def requeue_interrupted(study: optuna.Study) -> int:
     return requeued
 
 
-def pruning_scheduler(searcher: CellStudiesSearcher):
-    """A Tune scheduler that stops a trial when its cell's pruner says so: Tune asks the
-    scheduler about each result before the searcher sees it, so the decision is made here,
-    from the searcher's Optuna trial (FIFO otherwise)."""
-    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
-
-    class CellPruningScheduler(FIFOScheduler):
-        def on_trial_result(self, tune_controller, trial, result):
-            return TrialScheduler.STOP if searcher.should_prune(trial.trial_id, result) else TrialScheduler.CONTINUE
-
-    return CellPruningScheduler()
+def stop_file(storage: str | Path, train_run: str) -> Path:
+    """The file whose existence asks a trial's training loop to stop (its cell's pruner decided)."""
+    return Path(storage) / "pruned" / train_run
 
 
 class CellStudiesSearcher(Searcher):
@@ -119,7 +113,8 @@ class CellStudiesSearcher(Searcher):
         self.studies = {c.key: open_study(storage_url, c, search) for c in self.cells}
         self.live: dict[str, tuple[str, optuna.Trial]] = {}  # tune trial id -> (cell key, asked Optuna trial)
         self.best_seen: dict[str, float] = {}       # tune trial id -> best objective so far
-        self.pruned: dict[str, int] = {}            # tune trial id -> the epoch after which it was pruned
+        self.pruning: set[str] = set()              # tune trial ids asked to stop
+        self.pruned: dict[str, int] = {}            # tune trial id -> the last epoch it trained (it stopped)
         self.epochs = {c.key: c.spec.optimization.epochs * (c.spec.sir.stages if c.spec.sir else 1) for c in self.cells}
         self.extra_config: dict = {}                # run-time fields every trial gets (storage path)
         self._next = 0
@@ -146,6 +141,10 @@ class CellStudiesSearcher(Searcher):
         return Searcher.FINISHED if not self.live else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if PRUNED_AT in result:  # the trial stopped on its cell's request (now or before a crash)
+            self.pruned[trial_id] = int(result[PRUNED_AT])
+            return
+        self.should_prune(trial_id, result)
         if self.metric not in result:
             return
         if result.get("final"):  # the chosen epoch's value (the lifecycle's rule, e.g. SIR's last stage only)
@@ -155,16 +154,24 @@ class CellStudiesSearcher(Searcher):
 
     def should_prune(self, trial_id: str, result: dict) -> bool:
         """Report an epoch's validation value to the trial's Optuna trial (step = epoch) and ask
-        the cell study's pruner whether to stop it (see :class:`CellPruningScheduler`)."""
+        the cell study's pruner whether to stop it; if so, ask the trial to stop.
+
+        Tune's own STOP would kill the trial's actor and leak the Ray Train workers (and the
+        CPUs or GPUs) it started; so the trial is asked instead (:func:`stop_file`): its loop
+        returns after the current step, releasing them, and the trial reports
+        ``pruned_at_epoch`` (:meth:`on_trial_result`)."""
         if trial_id not in self.live or self.metric not in result or "epoch" not in result or result.get("final"):
             return False
         cell_key, trial = self.live[trial_id]
         epoch = int(result["epoch"])
         trial.report(float(result[self.metric]), step=epoch)
-        if epoch < self.epochs[cell_key] and trial.should_prune():  # a trial that trained its last epoch is kept
-            self.pruned[trial_id] = epoch
-            return True
-        return False
+        if trial_id in self.pruning or epoch >= self.epochs[cell_key] or not trial.should_prune():
+            return False  # a trial that trained its last epoch is kept
+        self.pruning.add(trial_id)
+        marker = stop_file(self.extra_config["storage"], trial.user_attrs[TRAIN_RUN])
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"pruned after epoch {epoch}\n")
+        return True
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id not in self.live:

@@ -65,15 +65,12 @@ def test_trial_runs_left_open_are_closed_from_their_optuna_outcome(store):
 
 
 def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
-    """The cell's pruner, as Tune consults it (the scheduler), with the real searcher and an
-    Optuna SQLite storage: a trial below the median of its cell's earlier trials at an epoch is
-    stopped, recorded PRUNED, counted as done, not re-asked by a resumed searcher, and its
-    MLflow run (left open by a killed driver) is closed as KILLED with the epoch."""
-    from types import SimpleNamespace
-
-    from ray.tune.schedulers import TrialScheduler
-
-    from orchestrator.sweep.search import PRUNED_AT, finished_trials, pruning_scheduler, requeue_interrupted
+    """The cell's pruner with the real searcher and an Optuna SQLite storage, fed as Tune feeds
+    it: a trial below the median of its cell's earlier trials at an epoch is asked to stop (its
+    stop file appears; the training loop honours it, see test_training_objective), reports
+    where it stopped, is recorded PRUNED, counts as done, is not re-asked by a resumed
+    searcher, and its MLflow run (left open by a killed driver) is closed as KILLED."""
+    from orchestrator.sweep.search import PRUNED_AT, finished_trials, requeue_interrupted, stop_file
 
     spec = {**SWEEP, "base": {**SWEEP["base"], "optimization": {"epochs": 3}},
             "search": {"trials_per_cell": 4, "pruner": "median", "pruner_startup_trials": 1}}
@@ -81,27 +78,36 @@ def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     searcher = CellStudiesSearcher(cells[:1], sweep.search, url)
-    scheduler = pruning_scheduler(searcher)
+    searcher.extra_config = {"storage": str(tmp_path / "ray")}
     study = searcher.studies[cells[0].key]
 
     def epochs(trial_id, values):
-        return [scheduler.on_trial_result(None, SimpleNamespace(trial_id=trial_id), {"val_ndcg_at_10": v, "epoch": e})
-                for e, v in enumerate(values, 1)]
+        """Feed the epochs; which trials have been asked to stop after each."""
+        asked = []
+        for e, v in enumerate(values, 1):
+            searcher.on_trial_result(trial_id, {"val_ndcg_at_10": v, "epoch": e})
+            asked.append(trial_id in searcher.pruning)
+        return asked
+
+    def finish(trial_id, value):
+        searcher.on_trial_result(trial_id, {"val_ndcg_at_10": value, "final": 1})
+        searcher.on_trial_complete(trial_id, {"val_ndcg_at_10": value, "final": 1})
 
     searcher.suggest("a")
-    assert epochs("a", [0.5, 0.6, 0.7]) == [TrialScheduler.CONTINUE] * 3  # the first trial: nothing to compare with
-    searcher.on_trial_result("a", {"val_ndcg_at_10": 0.7, "final": 1})
-    searcher.on_trial_complete("a", {"val_ndcg_at_10": 0.7, "final": 1})
+    assert epochs("a", [0.5, 0.6, 0.7]) == [False] * 3  # the first trial: nothing to compare with
+    finish("a", 0.7)
     config = searcher.suggest("b")
-    assert epochs("b", [0.1]) == [TrialScheduler.STOP]  # below a's 0.5 after epoch 1
-    searcher.on_trial_complete("b", {"val_ndcg_at_10": 0.1, "epoch": 1})
+    assert epochs("b", [0.1]) == [True]  # below a's 0.5 after epoch 1: asked to stop
+    marker = stop_file(tmp_path / "ray", config["train_run"])
+    assert marker.exists() and not stop_file(tmp_path / "ray", "other").exists()
+    searcher.on_trial_result("b", {PRUNED_AT: 1})  # what the trial reports once its loop returned
+    searcher.on_trial_complete("b", {PRUNED_AT: 1})
     searcher.suggest("d")
     # best-so-far 0.65 is below a's 0.7 at epoch 3, but a trial that trained its last epoch is kept
-    assert epochs("d", [0.55, 0.65, 0.1]) == [TrialScheduler.CONTINUE] * 3
-    searcher.on_trial_result("d", {"val_ndcg_at_10": 0.65, "final": 1})
-    searcher.on_trial_complete("d", {"val_ndcg_at_10": 0.65, "final": 1})
+    assert epochs("d", [0.55, 0.65, 0.1]) == [False] * 3
+    finish("d", 0.65)
     searcher.suggest("c")
-    assert epochs("c", [0.9]) == [TrialScheduler.CONTINUE]  # above the median; then the driver is killed
+    assert epochs("c", [0.9]) == [False]  # above the median; then the driver is killed
     states = {t.number: t.state for t in study.get_trials()}
     assert states[1] == optuna.trial.TrialState.PRUNED and study.trials[1].user_attrs[PRUNED_AT] == 1
     assert study.best_trial.number == 0  # a pruned trial is never the winner

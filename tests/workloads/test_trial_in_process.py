@@ -61,3 +61,32 @@ def test_early_stopping_ends_a_trial_without_progress_and_a_resume_trains_no_mor
     tmp_path.mkdir()
     train_cross_encoder(without, prepared.training, keep)
     assert [m["epoch"] for m in reports] == [1, 2, 3, 4]
+
+
+def test_a_requested_stop_ends_training_after_the_current_step(tmp_path, tiny_model_dir, scifact_dir):
+    """What a sweep's pruner relies on: the loop returns by itself (workers released), after
+    the step during which the stop file appeared, without reporting the unfinished epoch."""
+    from workloads.training import train_cross_encoder
+    from workloads.trial import prepare_trial
+
+    spec = TrialSpec.model_validate({
+        "name": "stop", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"size": 32, "seed": 3}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        "optimization": {"epochs": 3, "batch_size": 8},
+    })
+    prepared = prepare_trial(spec)
+    reports, asked = [], []
+    marker = tmp_path / "pruned"
+
+    def keep(metrics, checkpoint):
+        reports.append(metrics)
+        marker.touch()  # the driver decides right after epoch 1's result
+
+    def stop_requested():
+        asked.append(len(reports))
+        return marker.exists()
+
+    train_cross_encoder(spec, prepared.training, keep, stop_requested=stop_requested)
+    assert [m["epoch"] for m in reports] == [1]
+    assert asked == [0, 0, 0, 0, 1]  # every step of epoch 1 (4 steps of 8 pairs), then the first of epoch 2
