@@ -265,7 +265,7 @@ def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, op
             replay.backward()
         finally:
             objective.replay = None
-        rank, world = _rank_and_world()
+        _, world = _rank_and_world()
         if world > 1:
             for parameter in objective.parameters():
                 if parameter.grad is None:
