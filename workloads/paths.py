@@ -58,3 +58,20 @@ def _rmtree_quiet(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a ``.lock`` sibling file) across processes of this
+    machine, so that concurrent trials build a shared cache entry once: the second waits,
+    then finds it built."""
+    import fcntl
+
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

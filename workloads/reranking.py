@@ -46,8 +46,11 @@ def rerank_candidates(
             rate = done / max(now - started, 1e-9)
             get_logger("score").info(f"{label}: {done:,}/{total:,} pairs ({rate:.1f} pairs/s)")
 
+    # tokenized once per (candidates, tokenizer, max length): every epoch's validation and
+    # every winner's test read the same stored ids
+    tokenized = model.tokenized(table["query"], table["doc"])
     scores = score_pairs(model, table["query"], table["doc"], batch_size=batch_size, device=device, progress=progress,
-                         precision=precision)
+                         precision=precision, tokenized=tokenized)
     run: Run = {}
     for qid, docid, score in zip(table["query_id"], table["doc_id"], scores):
         run.setdefault(qid, {})[docid] = score

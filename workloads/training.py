@@ -34,6 +34,7 @@ from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.sir import compress_blocks, compressed_rows, curriculum_loss
 from workloads.spec import TrialSpec
+from workloads.tokenized import TokenizedPairs
 
 STATE_FILE = "training_state.pt"
 PROGRESS_FILE = "progress.json"
@@ -289,7 +290,19 @@ def load_loss_state(loss_fn: PairLoss, state: dict) -> None:
         raise ValueError(f"loss state does not match the loss: missing {missing}, unexpected {unexpected}")
 
 
-def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: str, device: torch.device):
+def training_pairs(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """(queries, documents) of every (q, d+) and (q, d-) of the training rows: what the
+    training set's stored token ids hold (augmented pairs are drawn per epoch, not stored)."""
+    queries, documents = [], []
+    for row in rows:
+        for document in [row["positive"], *(text for _, text in row_negatives(row))]:
+            queries.append(row["query"])
+            documents.append(document)
+    return queries, documents
+
+
+def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: str, device: torch.device,
+               tokenized: TokenizedPairs | None = None):
     """(batch, tokenized pairs on ``device``) for each planned batch, the next one assembled
     and tokenized in a thread while the current step runs (the fast tokenizer releases the
     GIL), in pinned memory with a non-blocking copy on GPU, so the step never waits on input.
@@ -299,7 +312,7 @@ def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: s
 
     def prepare(plan):
         batch = make_batch(rows, plan, batching)
-        pairs = model.encode(batch.queries, batch.documents)
+        pairs = model.encode(batch.queries, batch.documents, tokenized)
         return batch, pairs.pin_memory() if pin else pairs
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
@@ -353,6 +366,7 @@ def train_cross_encoder(
     (``workloads.sir.compress_blocks``), before that epoch's checkpoint is written, so a
     trial killed in stage s resumes in stage s with the same blocks.
     """
+    entered = time.perf_counter()
     rank, world = _rank_and_world()
     device = device or torch.device("cpu")
     opt = spec.optimization
@@ -384,6 +398,7 @@ def train_cross_encoder(
     patience = opt.early_stopping_patience
     best_value, stale = ((state or {}).get("best_value", float("-inf")), (state or {}).get("stale", 0))
     model: CrossEncoder | None = None
+    tokenized: TokenizedPairs | None = None
     for stage in range(first_stage, stages + 1):
         if first_epoch > stages * epochs:
             break  # resumed after the last (or an early-stopped) epoch
@@ -393,6 +408,8 @@ def train_cross_encoder(
                                                  spec.model.max_length, spec.model.pooling).to(device)
             if opt.gradient_checkpointing:
                 _enable_gradient_checkpointing(model)
+        if tokenized is None:  # the training set's pairs, tokenized once for every trial and epoch that reads them
+            tokenized = model.tokenized(*training_pairs(triples))
         loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)
         if sir is not None and sir.variant in ("v3", "v4"):
             objective: TrainingObjective = CurriculumObjective(model, loss_fn, amp_dtype, sir, spec.loss.ranking)
@@ -420,9 +437,12 @@ def train_cross_encoder(
             wrapped.train()
             my_batches = plan(rows, epoch)[rank:steps_per_rank * world:world]
             started = time.perf_counter()
+            # the attempt's set-up (training set, model, tokenized pairs, optimizer), reported once
+            setup = {"epoch_setup_seconds": started - entered} if entered is not None else {}
+            entered = None
             total_loss, pairs_seen = 0.0, 0
             parts: dict[str, float] = {}
-            for step, (batch, pairs) in enumerate(prefetched(model, rows, my_batches, opt.batching, device), 1):
+            for step, (batch, pairs) in enumerate(prefetched(model, rows, my_batches, opt.batching, device, tokenized), 1):
                 pairs_seen += len(batch.documents)  # lists may be shorter than batch_size; augmentation doubles
                 if isinstance(objective, CurriculumObjective):
                     objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
@@ -451,7 +471,7 @@ def train_cross_encoder(
 
             metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / len(my_batches),
                                          "epoch_train_seconds": train_seconds,
-                                         "degenerate_batches": float(loss_fn.degenerate_batches)}
+                                         "degenerate_batches": float(loss_fn.degenerate_batches), **setup}
             if stages > 1:
                 metrics["stage"] = stage
             metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
@@ -459,7 +479,7 @@ def train_cross_encoder(
             if epoch == last_epoch and stage < stages:
                 selecting = time.perf_counter()
                 next_kept = _select_for_next_stage(model, triples, kept, sir.levels[stage - 1], sir.selection,
-                                                   spec.seed, stage, opt, device, rank, world)
+                                                   spec.seed, stage, opt, device, rank, world, tokenized)
                 metrics["epoch_selection_seconds"] = time.perf_counter() - selecting
                 _log(rank, f"stage {stage}/{stages}: the compressor kept the positive and up to {sir.levels[stage - 1] - 1} "
                            f"negatives of each block for stage {stage + 1} ({metrics['epoch_selection_seconds']:.0f}s)")
@@ -473,6 +493,7 @@ def train_cross_encoder(
                 )
                 metrics.update(validation_metrics(validation))
                 metrics["epoch_validation_seconds"] = time.perf_counter() - eval_started
+                saving = time.perf_counter()
                 checkpoint = Path(tempfile.mkdtemp(prefix=f"epoch-{epoch}-"))
                 model.save(checkpoint)
                 value = metrics["val_" + PRIMARY_METRIC]
@@ -484,6 +505,7 @@ def train_cross_encoder(
                     state_out |= {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                   "scaler": scaler.state_dict()}
                 torch.save(state_out, checkpoint / STATE_FILE)
+                metrics["epoch_checkpoint_seconds"] = time.perf_counter() - saving
                 (checkpoint / PROGRESS_FILE).write_text(json.dumps(metrics))
                 fused = (f" (cross-encoder alone {metrics[CROSS_ENCODER_PREFIX + PRIMARY_METRIC]:.4f}, "
                          f"interpolation weight {validation.weight:.2f})" if validation.weight is not None else "")
@@ -508,14 +530,15 @@ def _agreed(decision: bool, world: int) -> bool:
 
 def _select_for_next_stage(model: CrossEncoder, rows: list[dict], kept: list[list[int]] | None, keep: int,
                            selection: str, seed: int, stage: int, opt, device: torch.device, rank: int,
-                           world: int) -> list[list[int]]:
+                           world: int, tokenized: TokenizedPairs | None = None) -> list[list[int]]:
     """The next stage's negatives, chosen by this stage's compressor in eval mode over the
     whole training set (each worker scores its share; every worker gets the whole answer)."""
     current = kept if kept is not None else [list(range(len(row_negatives(row)))) for row in rows]
     numbers = list(range(rank, len(rows), world))
 
     def score(queries: list[str], documents: list[str]) -> list[float]:
-        return score_pairs(model, queries, documents, opt.eval_batch_size, device, precision=opt.precision)
+        return score_pairs(model, queries, documents, opt.eval_batch_size, device, precision=opt.precision,
+                           tokenized=tokenized)
 
     mine = compress_blocks(score, [rows[i] for i in numbers], [current[i] for i in numbers], keep, selection,
                            seed, stage, numbers)

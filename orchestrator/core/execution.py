@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from workloads.logs import configure as configure_logging
 from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
 from workloads.spec import TrialSpec
 
-OFFLINE_ENV = {
+# Defaults for the driver and every Ray worker (an exported value wins): offline, quiet, prompt.
+ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -27,6 +29,11 @@ OFFLINE_ENV = {
     # Train V2 patches print() in workers to tee it into its logger, whose console handler
     # prints it again: every progress line reached the driver twice.
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # Train V2's controller polls its worker group every 2 s, and a finished trial waits on
+    # those polls: an empty TorchTrainer.fit took 14.7 s here, 5 s of it after the loop had
+    # returned; polling every 0.25 s (a status call per worker) cut that to 1 s
+    # (benchmarks/trial_overhead.py, README "Performance"). Export the variable to override.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
 # orchestrator.sweep.runner); passed to Ray workers when set, never set in production.
@@ -34,7 +41,7 @@ TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
 
 
 def set_offline_environment() -> None:
-    for key, value in OFFLINE_ENV.items():
+    for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
 
@@ -58,7 +65,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     set_offline_environment()
     pin_storage_paths()
-    env_vars = {k: os.environ[k] for k in (*OFFLINE_ENV, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
+    env_vars = {k: os.environ[k] for k in (*ENV_DEFAULTS, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
                 if k in os.environ}
     address = address or os.environ.get("RAY_ADDRESS")
     # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
@@ -92,12 +99,18 @@ def _train_loop_per_worker(config: dict) -> None:
 
     from workloads.kinds import TRIAL_KINDS
 
+    # Ray Train's start-up: the controller, the worker group, torch.distributed and the imports
+    # (wall clock: the trainer was made in another process; this attempt's first report carries it)
+    startup = {"epoch_startup_seconds": max(0.0, time.time() - config["submitted_at"])} if "submitted_at" in config else {}
     configure_logging()  # the driver's level, from the environment
     kind = TRIAL_KINDS[config["kind"]]
     spec = kind.spec.model_validate(config["spec"])
     inputs = kind.inputs(**config["inputs"])
 
     def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        if startup:
+            metrics = {**metrics, **startup}
+            startup.clear()
         if checkpoint_dir is None:
             ray.train.report(metrics)
             return
@@ -108,6 +121,8 @@ def _train_loop_per_worker(config: dict) -> None:
     # a sweep's pruner asks a trial to stop by creating this file (see orchestrator.sweep.search)
     stop = {"stop_requested": Path(config["stop_file"]).exists} if config.get("stop_file") else {}
     restored = ray.train.get_checkpoint()
+    if restored is not None:
+        startup.clear()  # a restarted worker group: the time since submission includes the failed attempt
     device = ray.train.torch.get_device()
     if restored is None:
         kind.train(spec, inputs, report, device=device, **stop)
@@ -131,6 +146,7 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
     return TorchTrainer(
         _train_loop_per_worker,
         train_loop_config={"kind": kind_of(spec).name, "spec": spec.model_dump(mode="json"), "inputs": asdict(inputs),
+                           "submitted_at": time.time(),
                            **({"stop_file": str(stop_file)} if stop_file is not None else {})},
         scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(

@@ -79,6 +79,11 @@ def chosen(epochs: Sequence[EpochResult]) -> EpochResult:
     return epochs[choose_epoch([e.metrics for e in epochs])]
 
 
+# the epoch metrics (reported by the loop, once per attempt or per epoch) that break the overhead down
+OVERHEAD_PARTS = {schema.TIME_STARTUP: "epoch_startup_seconds", schema.TIME_SETUP: "epoch_setup_seconds",
+                  schema.TIME_CHECKPOINT: "epoch_checkpoint_seconds"}
+
+
 def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, float]:
     """What a trial run holds about its training once it ended: the chosen epoch, its ``val_*``
     as ``best_val_*``, and the time spent in the loop. The same names for both commands."""
@@ -89,6 +94,7 @@ def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, flo
         **{f"{schema.BEST_PREFIX}{k}": v for k, v in best.items() if k.startswith(schema.VALIDATION_PREFIX)},
         schema.TIME_TRAINING: training,
         schema.TIME_PER_EPOCH: sum(m["epoch_train_seconds"] for m in epoch_metrics) / len(epoch_metrics),
+        **{name: sum(m.get(part, 0.0) for m in epoch_metrics) for name, part in OVERHEAD_PARTS.items()},
     }
 
 

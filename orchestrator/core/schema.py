@@ -68,6 +68,10 @@ TIME_TRAIN_WALL = "time_train_wall_seconds"    # Ray Train from submission to th
 TIME_TRAINING = "time_training_seconds"        # inside the loop: every epoch's training and validation
 TIME_PER_EPOCH = "time_train_seconds_per_epoch"
 TIME_OVERHEAD = "time_overhead_seconds"        # wall minus training: worker start, model load, checkpoints
+# where the overhead goes (epoch metrics summed; the rest is checkpoint persistence and shut-down)
+TIME_STARTUP = "time_startup_seconds"          # Ray Train: submission to the loop's first line (controller, worker group)
+TIME_SETUP = "time_setup_seconds"              # the loop's start: training set, model, tokenized pairs, optimizer
+TIME_CHECKPOINT = "time_checkpoint_seconds"    # writing every epoch's checkpoint
 TIME_EVALUATION = "time_evaluation_seconds"    # the chosen checkpoint on every evaluation target
 TIME_TRIAL = "time_trial_seconds"              # the whole trial
 

@@ -102,10 +102,10 @@ class SearchSpec(_Strict):
     sampler_seed: int = 13
     objective: Literal[schema.OBJECTIVE] = schema.OBJECTIVE  # type: ignore[valid-type]  # the one objective
     max_concurrent_trials: int | None = Field(default=None, ge=1, description="default: as many as the cluster fits")
-    # default none: measured (benchmarks/sweep_cost.py, README "Performance"), median pruning with
-    # one start-up trial pruned a cell's best trial after its slow first epoch
+    # default median after two start-up trials, from benchmarks/sweep_cost.py (README "Performance"):
+    # every cell kept its best at 0.87x the compute; with one start-up trial a cell lost its best
     pruner: Literal["none", "median", "hyperband"] = Field(
-        default="none", description="stop a trial whose validation nDCG@10 after an epoch is below what the cell's "
+        default="median", description="stop a trial whose validation nDCG@10 after an epoch is below what the cell's "
                                       "earlier trials had reached by then (Optuna's MedianPruner or HyperbandPruner); "
                                       "only against trials of the same cell; pruned trials are recorded, never retried")
     pruner_startup_trials: int = Field(default=2, ge=0, description="median: trials of a cell that run to the end "

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from workloads.errors import InputError
+from workloads.tokenized import TokenizedPairs, pad_features, tokenize_pairs, tokenized_pairs
 
 # Per-shard progress bars and load reports (the unused pooler we drop) drown the trial's own progress.
 transformers.logging.disable_progress_bar()
@@ -137,17 +138,33 @@ class CrossEncoder(nn.Module):
         (directory / META_FILE).write_text(json.dumps({"max_length": self.max_length, "pooling": self.pooling}))
 
     # ------------------------------------------------------------------ forward
-    def encode(self, queries: list[str], documents: list[str]) -> EncodedPairs:
+    def encode(self, queries: list[str], documents: list[str], tokenized: TokenizedPairs | None = None) -> EncodedPairs:
         """Tokenize pairs with dynamic padding; the document is truncated first (FirstP).
 
         ``longest_first`` removes tokens from the longer side: the document, until a query
         longer than the document's remainder would make ``only_second`` fail outright.
+        ``tokenized``: the pairs' stored ids (``workloads.tokenized``), the same tensors
+        without tokenizing again; pairs it does not hold are tokenized here.
         """
-        inputs = self.tokenizer(
-            queries, documents, truncation="longest_first", max_length=self.max_length,
-            padding="longest", return_tensors="pt",
-        )
-        return EncodedPairs(dict(inputs))
+        if tokenized is None:
+            inputs = self.tokenizer(
+                queries, documents, truncation="longest_first", max_length=self.max_length,
+                padding="longest", return_tensors="pt",
+            )
+            return EncodedPairs(dict(inputs))
+        features = tokenized.features(queries, documents)
+        missing = [i for i, feature in enumerate(features) if feature is None]
+        if missing:
+            fresh = tokenize_pairs(self.tokenizer, [queries[i] for i in missing], [documents[i] for i in missing],
+                                   self.max_length)
+            for j, i in enumerate(missing):
+                feature = {name: values[j] for name, values in fresh.items()}
+                features[i] = feature | {"attention_mask": [1] * len(feature["input_ids"])}
+        return EncodedPairs(pad_features(self.tokenizer, features))
+
+    def tokenized(self, queries: list[str], documents: list[str]) -> TokenizedPairs | None:
+        """These pairs tokenized once for this tokenizer and max length (cached, shared)."""
+        return tokenized_pairs(queries, documents, self.tokenizer, self.max_length)
 
     def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (scores [B], Phi [B, H]) for the tensors of :meth:`encode`."""
@@ -168,9 +185,11 @@ class CrossEncoder(nn.Module):
 def score_pairs(
     model: CrossEncoder, queries: list[str], documents: list[str], batch_size: int = 64,
     device: torch.device | None = None, progress: callable | None = None, precision: str = "auto",
+    tokenized: TokenizedPairs | None = None,
 ) -> list[float]:
     """Score pairs in length-sorted batches (less padding, same scores), in input order, with
-    no gradient state, under ``precision``'s autocast (see :func:`autocast_dtype`)."""
+    no gradient state, under ``precision``'s autocast (see :func:`autocast_dtype`);
+    ``tokenized``: their stored ids (see :meth:`CrossEncoder.encode`)."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -178,7 +197,7 @@ def score_pairs(
     scores = [0.0] * len(queries)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        pairs = model.encode([queries[i] for i in idx], [documents[i] for i in idx]).to(device)
+        pairs = model.encode([queries[i] for i in idx], [documents[i] for i in idx], tokenized).to(device)
         with _autocast(device, precision):
             batch_scores, _ = model(**pairs.inputs)
         for i, s in zip(idx, batch_scores.float().cpu().tolist()):

@@ -1,0 +1,141 @@
+"""Pairs tokenized once into Arrow (``workloads.tokenized``): the same tensors and losses as
+tokenizing on the fly, built once for every trial that shares them."""
+
+import gzip
+import json
+import threading
+
+import pytest
+import torch
+
+from workloads import tokenized as tokenized_module
+from workloads.models import cross_encoder as cross_encoder_module
+
+
+@pytest.fixture(scope="module")
+def scifact_pairs(scifact_dir):
+    """Real SciFact (query, abstract) pairs, long abstracts included, plus the edge cases of
+    truncation: a query longer than max_length, an empty-ish document, a duplicate pair."""
+    with gzip.open(scifact_dir / "corpus.jsonl.gz", "rt") as corpus:
+        documents = [f"{d['title']} {d['text']}" for d in (json.loads(next(corpus)) for _ in range(60))]
+    with open(scifact_dir / "queries.jsonl") as lines:
+        queries = [json.loads(next(lines))["text"] for _ in range(20)]
+    pairs = [(queries[i % 20], documents[i]) for i in range(60)]
+    pairs += [("why " * 90, documents[0]), ("a query", "."), pairs[3]]
+    return [q for q, _ in pairs], [d for _, d in pairs]
+
+
+def _calls_to_tokenize(monkeypatch) -> list[int]:
+    """Patch the one tokenizing function of both paths; the sizes of its calls."""
+    calls: list[int] = []
+    real = tokenized_module.tokenize_pairs
+
+    def counted(tokenizer, queries, documents, max_length):
+        calls.append(len(queries))
+        return real(tokenizer, queries, documents, max_length)
+
+    monkeypatch.setattr(tokenized_module, "tokenize_pairs", counted)
+    monkeypatch.setattr(cross_encoder_module, "tokenize_pairs", counted)
+    return calls
+
+
+def test_stored_ids_give_exactly_the_tensors_of_tokenizing_on_the_fly(scifact_pairs, tiny_model_dir):
+    from workloads.models.cross_encoder import CrossEncoder
+
+    model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=64)  # most abstracts are truncated
+    queries, documents = scifact_pairs
+    stored = model.tokenized(queries, documents)
+    assert len(stored) == len(queries)
+    for start in range(0, len(queries), 16):
+        q, d = queries[start:start + 16], documents[start:start + 16]
+        on_the_fly, from_store = model.encode(q, d).inputs, model.encode(q, d, stored).inputs
+        assert on_the_fly.keys() == from_store.keys() == {"input_ids", "token_type_ids", "attention_mask"}
+        for key in on_the_fly:
+            assert on_the_fly[key].dtype == from_store[key].dtype and torch.equal(on_the_fly[key], from_store[key]), key
+    # pairs the store does not hold (augmented ones) are tokenized in the same batch
+    q, d = [queries[0], "a new query", queries[1]], [documents[0], "a new document about cells", documents[1]]
+    for key, tensor in model.encode(q, d).inputs.items():
+        assert torch.equal(tensor, model.encode(q, d, stored).inputs[key])
+    assert stored.features(["a new query"], ["a new document about cells"]) == [None]
+
+
+def test_the_pre_tokenized_path_gives_the_same_first_batch_loss(scifact_pairs, tiny_model_dir):
+    from workloads.batching import plan_epoch
+    from workloads.losses import build_loss
+    from workloads.models.cross_encoder import CrossEncoder
+    from workloads.spec import LossSpec
+    from workloads.training import TrainingObjective, prefetched, training_pairs
+
+    queries, documents = scifact_pairs
+    rows = [{"query_id": f"q{i}", "query": queries[i], "positive_id": f"d{i}", "positive": documents[i],
+             "negative_id": f"d{i + 30}", "negative": documents[i + 30],
+             # augmented pairs are drawn per epoch: never stored, tokenized on the fly in the same batch
+             "augmented_positive": documents[i][:80], "augmented_negative": documents[i + 1][:60]} for i in range(24)]
+    model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=64)
+    objective = TrainingObjective(model, build_loss(LossSpec(contrastive="scl"), model.encoder.config.hidden_size), None)
+    objective.eval()  # no dropout: the two forwards must see the same network
+    planned = plan_epoch(rows, "triples", 16, 1, 16, seed=13, epoch=1)
+    stored = model.tokenized(*training_pairs(rows))
+    assert len(stored) == 48  # (q, d+) and (q, d-) of every row
+    losses = []
+    for store in (None, stored):
+        batch, pairs = next(iter(prefetched(model, rows, planned, "triples", torch.device("cpu"), store)))
+        assert len(batch.documents) == 32  # 8 rows: 16 pairs and their 16 augmented pairs
+        with torch.no_grad():
+            losses.append(objective(pairs.inputs, batch.structure))
+    assert losses[0].item() > 0 and torch.equal(losses[0], losses[1])
+
+
+def test_a_store_is_built_once_for_concurrent_users_and_keyed_by_content(scifact_pairs, tiny_model_dir, monkeypatch,
+                                                                      shared_cache):
+    from workloads.models.cross_encoder import CrossEncoder
+    from workloads.tokenized import TOKENIZED_DIR, tokenized_pairs
+
+    calls = _calls_to_tokenize(monkeypatch)
+    queries, documents = scifact_pairs
+    queries = [f"built once: {q}" for q in queries]  # pairs no other test stored
+    # four trials with their own tokenizer objects (loaded from the same files) ask at once
+    tokenizers = [CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=48).tokenizer for _ in range(4)]
+    stores = [None] * 4
+
+    def ask(i):
+        stores[i] = tokenized_pairs(queries, documents, tokenizers[i], 48)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [len(queries)]  # tokenized by one of them; the other three waited and read it
+    assert all(store is not None and len(store) == len(queries) for store in stores)
+    before = set((shared_cache / TOKENIZED_DIR).glob("*.arrow"))
+    tokenized_pairs(queries, documents, tokenizers[0], 32)  # another max_length: another store
+    tokenized_pairs(queries[:-1], documents[:-1], tokenizers[0], 48)  # other pairs: another store
+    assert calls == [len(queries), len(queries), len(queries) - 1]
+    assert len(set((shared_cache / TOKENIZED_DIR).glob("*.arrow")) - before) == 2
+
+
+def test_trials_that_share_a_training_set_tokenize_it_once(tiny_model_dir, scifact_dir, monkeypatch):
+    from workloads.spec import TrialSpec
+    from workloads.training import train_cross_encoder
+    from workloads.trial import prepare_trial
+
+    def spec(learning_rate):  # two trials of one cell: same data, other hyper-parameters
+        return TrialSpec.model_validate({
+            "name": "tokenize-once", "data": {"collection": "beir/scifact", "validation_queries": 5},
+            "first_stage": {"train_depth": 10, "validation_depth": 4, "test_depth": 3},
+            "training_data": {"size": 24, "seed": 29}, "model": {"name": str(tiny_model_dir), "max_length": 40},
+            "optimization": {"epochs": 2, "batch_size": 8, "learning_rate": learning_rate},
+        })
+
+    calls = _calls_to_tokenize(monkeypatch)
+    first = prepare_trial(spec(1e-3))
+    train_cross_encoder(spec(1e-3), first.training, lambda metrics, checkpoint: None)
+    # the first trial tokenized its 24 training pairs (12 triples) once for both epochs, and its 5 x 4
+    # validation candidates at most once (another test may have stored them)
+    assert calls.count(24) == 1 and calls.count(20) <= 1 and set(calls) <= {24, 20}
+    calls.clear()
+    second = prepare_trial(spec(3e-4))
+    assert second.training == first.training
+    train_cross_encoder(spec(3e-4), second.training, lambda metrics, checkpoint: None)
+    assert calls == []  # nothing tokenized again: training pairs and validation candidates read from the store
