@@ -38,12 +38,12 @@ def main() -> int:
 
     import torch
 
-    from orchestrator.core.execution import init_ray, set_offline_environment, train_on_ray
+    from orchestrator.core.execution import init_ray, set_environment_defaults, train_on_ray
     from workloads.spec import TrialSpec
     from workloads.training import train_cross_encoder
     from workloads.trial import prepare_trial
 
-    set_offline_environment()
+    set_environment_defaults()
     spec = TrialSpec.model_validate({
         "name": "bench-overhead", "seed": 13,
         "data": {"collection": "beir/scifact", "validation_queries": 20},

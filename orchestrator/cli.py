@@ -441,10 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.core.execution import set_offline_environment
+    from orchestrator.core.execution import set_environment_defaults
 
     global _result_stream
-    set_offline_environment()
+    set_environment_defaults()
     args = build_parser().parse_args(argv)
     # For the rest of the process, exit included (Ray flushes deduplicated worker and raylet
     # messages from atexit handlers), and at the descriptor level too (native code and child

@@ -40,7 +40,7 @@ ENV_DEFAULTS = {
 TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
 
 
-def set_offline_environment() -> None:
+def set_environment_defaults() -> None:
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
@@ -63,7 +63,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
     if ray.is_initialized():
         return
-    set_offline_environment()
+    set_environment_defaults()
     pin_storage_paths()
     env_vars = {k: os.environ[k] for k in (*ENV_DEFAULTS, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
                 if k in os.environ}

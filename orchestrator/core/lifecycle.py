@@ -82,6 +82,9 @@ def chosen(epochs: Sequence[EpochResult]) -> EpochResult:
 # the epoch metrics (reported by the loop, once per attempt or per epoch) that break the overhead down
 OVERHEAD_PARTS = {schema.TIME_STARTUP: "epoch_startup_seconds", schema.TIME_SETUP: "epoch_setup_seconds",
                   schema.TIME_CHECKPOINT: "epoch_checkpoint_seconds"}
+# what a trial run holds about its training besides best_*: training_summary and timing
+SUMMARY_METRICS = frozenset({schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIME_PER_EPOCH, schema.TIME_TRAIN_WALL,
+                             schema.TIME_OVERHEAD, *OVERHEAD_PARTS})
 
 
 def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, float]:

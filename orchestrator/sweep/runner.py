@@ -30,6 +30,7 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.lifecycle import (
+    SUMMARY_METRICS,
     ensure_selector,
     selector_run_key,
     selectors_needed,
@@ -220,8 +221,6 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                    display: SweepProgress, searcher: CellStudiesSearcher):
     from ray.tune import Callback
 
-    summary_names = {schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIME_PER_EPOCH, schema.TIME_TRAIN_WALL,
-                     schema.TIME_OVERHEAD}
 
     class MlflowTrialLogger(Callback):
         """Logs every Tune trial as a child of its cell's run, from the driver process."""
@@ -257,7 +256,7 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                 display.epoch_done()
             if result.get("final"):
                 wall = time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter())
-                summary = {k: v for k, v in result.items() if (k in summary_names or k.startswith(schema.BEST_PREFIX))
+                summary = {k: v for k, v in result.items() if (k in SUMMARY_METRICS or k.startswith(schema.BEST_PREFIX))
                            and isinstance(v, (int, float)) and not isinstance(v, bool)}
                 tracker.log_metrics(run_id, {**summary, schema.TIME_TRIAL: wall})
                 tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: result[schema.CHECKPOINT_TAG]})

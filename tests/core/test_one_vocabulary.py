@@ -28,7 +28,9 @@ def test_run_and_sweep_log_the_same_names(trial_run, failing_sweep):
     expected = {"best_val_ndcg_at_10", "best_epoch", "val_ndcg_at_10", "val_cross_encoder_ndcg_at_10", "test_ndcg_at_10",
                 "test_cross_encoder_ndcg_at_10", "bm25_test_ndcg_at_10", "bm25_val_ndcg_at_10", "test_interpolation_weight",
                 "best_val_interpolation_weight", "time_train_wall_seconds", "time_training_seconds", "time_overhead_seconds",
-                "time_trial_seconds", "time_train_seconds_per_epoch", "degenerate_batches", "train_loss"}
+                "time_trial_seconds", "time_train_seconds_per_epoch", "degenerate_batches", "train_loss",
+                "time_startup_seconds", "time_setup_seconds", "time_checkpoint_seconds", "epoch_startup_seconds",
+                "epoch_setup_seconds", "epoch_checkpoint_seconds"}
     assert expected <= run_metrics and expected <= sweep_metrics
     # and the same per-query artifacts
     run_artifacts = {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(report["mlflow_run_id"], "per_query")}
