@@ -30,6 +30,7 @@ from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, exclusive, stable_key
 
 TOKENIZED_DIR = "tokenized"
+STORED_COLUMNS = {"input_ids": pa.int32(), "token_type_ids": pa.int8()}  # the mask is all ones: not stored
 # the tokenizer's runtime settings, not its rules: set by every call with truncation/padding
 _RUNTIME_KEYS = ("truncation", "padding")
 
@@ -67,10 +68,10 @@ def pairs_digest(queries: Sequence[str], documents: Sequence[str]) -> str:
 
 def tokenize_pairs(tokenizer: PreTrainedTokenizerBase, queries: Sequence[str], documents: Sequence[str],
                    max_length: int) -> dict[str, list[list[int]]]:
-    """Token ids of each pair, unpadded: the one tokenizer call of both paths (the document is
-    truncated first, see ``CrossEncoder.encode``)."""
+    """Token ids (and attention masks) of each pair, unpadded: the one tokenizer call of both
+    paths (the document is truncated first, see ``CrossEncoder.encode``)."""
     encoded = tokenizer(list(queries), list(documents), truncation="longest_first", max_length=max_length)
-    return {key: encoded[key] for key in ("input_ids", "token_type_ids") if key in encoded}
+    return {key: encoded[key] for key in (*STORED_COLUMNS, "attention_mask") if key in encoded}
 
 
 class TokenizedPairs:
@@ -111,8 +112,8 @@ def tokenized_pairs(queries: Sequence[str], documents: Sequence[str], tokenizer:
         with exclusive(path):
             if not path.exists():  # another trial may have built it while this one waited
                 ids = tokenize_pairs(tokenizer, queries, documents, max_length)
-                table = pa.table({name: pa.array(values, type=pa.list_(pa.int32() if name == "input_ids" else pa.int8()))
-                                  for name, values in ids.items()})
+                table = pa.table({name: pa.array(values, type=pa.list_(STORED_COLUMNS[name]))
+                                  for name, values in ids.items() if name in STORED_COLUMNS})
                 with atomic_path(path, ".arrow") as tmp:
                     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                         writer.write_table(table)

@@ -306,8 +306,9 @@ def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: s
     """(batch, tokenized pairs on ``device``) for each planned batch, the next one assembled
     in a thread while the current step runs (from the stored ids of ``tokenized``; pairs it
     lacks by the fast tokenizer, which releases the GIL), in pinned memory with a non-blocking
-    copy on GPU, so the step never waits on input. Written here rather than with a torch DataLoader: one batch of lookahead needs no worker
-    processes, and the rows (with their texts) are not pickled to them every epoch."""
+    copy on GPU, so the step never waits on input. Written here rather than with a torch
+    DataLoader: one batch of lookahead needs no worker processes, and the rows (with their
+    texts) are not pickled to them every epoch."""
     pin = device.type == "cuda"
 
     def prepare(plan):

@@ -221,7 +221,6 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                    display: SweepProgress, searcher: CellStudiesSearcher):
     from ray.tune import Callback
 
-
     class MlflowTrialLogger(Callback):
         """Logs every Tune trial as a child of its cell's run, from the driver process."""
 

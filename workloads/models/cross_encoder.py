@@ -158,8 +158,7 @@ class CrossEncoder(nn.Module):
             fresh = tokenize_pairs(self.tokenizer, [queries[i] for i in missing], [documents[i] for i in missing],
                                    self.max_length)
             for j, i in enumerate(missing):
-                feature = {name: values[j] for name, values in fresh.items()}
-                features[i] = feature | {"attention_mask": [1] * len(feature["input_ids"])}
+                features[i] = {name: values[j] for name, values in fresh.items()}
         return EncodedPairs(pad_features(self.tokenizer, features))
 
     def tokenized(self, queries: list[str], documents: list[str]) -> TokenizedPairs | None:
