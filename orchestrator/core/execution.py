@@ -7,8 +7,10 @@ checkpoint per epoch scored by validation nDCG@10.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from workloads.logs import LEVEL_ENV
 from workloads.logs import configure as configure_logging
 from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
 from workloads.spec import TrialSpec
+
+logger = logging.getLogger(__name__)
 
 # Defaults for the driver and every Ray worker (an exported value wins): offline, quiet, prompt.
 ENV_DEFAULTS = {
@@ -35,6 +39,8 @@ ENV_DEFAULTS = {
     # (benchmarks/trial_overhead.py, README "Performance"). Export the variable to override.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
+# Where Ray's State API is served, for the workers of a Ray this process starts (see init_ray).
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
 # orchestrator.sweep.runner); passed to Ray workers when set, never set in production.
 TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
@@ -73,7 +79,26 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     # address="local" starts a fresh Ray: plain ray.init() would attach to any cluster a
     # `ray start` left running on this machine.
     kwargs = {"address": address} if address else {"address": "local", "num_cpus": num_cpus}
-    ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True, **kwargs)
+    port = None
+    if not address:
+        # Every trial's PlacementGroupCleaner asks the State API whether its controller lives.
+        # Unaddressed, the State API looks for the cluster in /tmp/ray/ray_current_cluster,
+        # which a `ray start` cluster that died without `ray stop` leaves behind: it then waits
+        # on a dead address and every Train V2 fit ended 12 s late (the cleaner's stop timeout;
+        # benchmarks/trial_overhead.py). Pin this Ray's dashboard port and point workers at it.
+        port = _free_port()
+        kwargs |= {"dashboard_host": "127.0.0.1", "dashboard_port": port}
+        env_vars[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
+    context = ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True, **kwargs)
+    if port is not None and not str(context.dashboard_url or "").endswith(f":{port}"):
+        logger.warning("Ray's dashboard did not start on port %d (%s): Ray Train may wait on a stale "
+                       "cluster address at the end of each trial", port, context.dashboard_url or "not started")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def cluster_has_gpu() -> bool:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,50 @@ def test_tune_trials_see_the_drivers_cache_and_data_dirs(tmp_path):
     assert Path(seen["cwd"]).resolve() != work.resolve()  # Tune did move the trial elsewhere
     assert seen["cache"] == seen["driver_cache"] == str((work / ".orchestrate" / "cache").resolve())
     assert seen["data"] == seen["driver_data"] == str((work / "data").resolve())
+
+
+# What Train V2's PlacementGroupCleaner does at every trial's end: ask the State API, from a
+# worker, whether an actor lives. A `ray start` cluster that died without `ray stop` leaves its
+# address in <ray tmp>/ray_current_cluster; the State API must still find this Ray, not wait
+# on the dead one (it did, and every trial ended 12 s late).
+STATE_PROBE = """
+import ray
+from orchestrator.core.execution import init_ray
+
+init_ray(None, num_cpus=1)
+
+@ray.remote(num_cpus=0)
+class Alive:
+    def ping(self):
+        return True
+
+actor = Alive.remote()
+ray.get(actor.ping.remote())
+
+@ray.remote(num_cpus=0)
+def state_of(actor_id):
+    from ray.util.state import get_actor
+    return get_actor(actor_id, timeout=10).state
+
+print(ray.get(state_of.remote(actor._actor_id.hex())))
+"""
+
+
+def test_workers_find_this_rays_state_api_despite_a_stale_cluster_address():
+    import socket
+    import tempfile
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = s.getsockname()[1]  # closed again: nothing listens there
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{dead}")
+        env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(REPO)}
+        env.pop("RAY_ADDRESS", None)
+        proc = subprocess.run([sys.executable, "-c", STATE_PROBE], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip().splitlines()[-1] == "ALIVE"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
