@@ -1,11 +1,19 @@
 """Helpers of the end-to-end tests: tiny sweep and trial files, the CLI in a subprocess, MLflow look-ups."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (closed again before it is returned)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1,

@@ -74,16 +74,14 @@ print(ray.get(state_of.remote(actor._actor_id.hex())))
 
 
 def test_workers_find_this_rays_state_api_despite_a_stale_cluster_address():
-    import socket
     import tempfile
+
+    from tests.helpers import free_port
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            dead = s.getsockname()[1]  # closed again: nothing listens there
         (ray_tmp / "ray").mkdir()
-        (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{dead}")
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")  # nothing listens there
         env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "PYTHONPATH": str(REPO)}
         env.pop("RAY_ADDRESS", None)
         proc = subprocess.run([sys.executable, "-c", STATE_PROBE], env=env, capture_output=True, text=True, timeout=300)

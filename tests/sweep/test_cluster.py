@@ -4,13 +4,14 @@ two-node Ray cluster started on this machine."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
@@ -37,12 +38,6 @@ def test_cluster_yaml_with_a_typo_is_rejected():
     config["available_node_types"]["gpu_worker"]["min_worker"] = 0
     with pytest.raises(jsonschema.ValidationError):
         validate_config(prepare_config(config))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
