@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _in_process import train_in_process  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def main() -> int:
@@ -40,7 +41,6 @@ def main() -> int:
 
     from orchestrator.core.execution import init_ray, set_environment_defaults, train_on_ray
     from workloads.spec import TrialSpec
-    from workloads.training import train_cross_encoder
     from workloads.trial import prepare_trial
 
     set_environment_defaults()
@@ -56,16 +56,7 @@ def main() -> int:
     prepared = prepare_trial(spec)  # shared by both: the comparison is the training path only
 
     torch.set_num_threads(args.cpus)
-    epochs_plain: list[dict] = []
-
-    def keep(metrics: dict, checkpoint: Path | None) -> None:  # the checkpoint is written (a cost of both paths), then dropped
-        epochs_plain.append(dict(metrics))
-        if checkpoint is not None:
-            shutil.rmtree(checkpoint, ignore_errors=True)
-
-    started = time.perf_counter()
-    train_cross_encoder(spec, prepared.training, keep)
-    plain_wall = time.perf_counter() - started
+    epochs_plain, plain_wall = train_in_process(spec, prepared.training)
 
     started = time.perf_counter()
     init_ray(None)

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +33,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _in_process import train_in_process  # noqa: E402  (benchmarks/ is sys.path[0])
 
 DATASETS = {
     "scifact": {"data": {"collection": "beir/scifact", "validation_queries": 5},
@@ -72,16 +73,7 @@ def with_optimization(spec, **changes):
 
 def ours_training(spec, prepared) -> float:
     """Pairs/s of our training loop (its own clock: the steps, not validation)."""
-    from workloads.training import train_cross_encoder
-
-    epochs: list[dict] = []
-
-    def keep(metrics: dict, checkpoint: Path | None) -> None:
-        epochs.append(dict(metrics))
-        if checkpoint is not None:
-            shutil.rmtree(checkpoint, ignore_errors=True)
-
-    train_cross_encoder(spec, prepared.training, keep)
+    epochs, _ = train_in_process(spec, prepared.training)
     steps_pairs = (spec.training_data.size // spec.optimization.batch_size) * spec.optimization.batch_size
     return steps_pairs / epochs[0]["epoch_train_seconds"]
 

@@ -283,6 +283,10 @@ class OptimizationSpec(_Strict):
     early_stopping_patience: int | None = Field(
         default=None, ge=1, description="stop after this many epochs without a better validation nDCG@10 (the chosen "
                                         "epoch is still the best one); default: every epoch runs")
+    compile: bool = Field(default=False, description="torch.compile the encoder (inductor, dynamic shapes) for "
+                                                     "training and validation, same numbers as eager up to rounding; "
+                                                     "compiling adds 20-75 s per trial, and on a 2-core CPU steps ran "
+                                                     "slower than eager: meant for GPUs")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
                                         "then each micro-batch again with the loss's gradient): a block of any size fits, "

@@ -29,7 +29,7 @@ from workloads.batching import make_batch, plan_epoch, row_negatives, rows_per_b
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.logs import get_logger, progress_bar
 from workloads.losses import ModelOutputs, PairLoss, build_loss
-from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, score_pairs
+from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, compile_encoder, score_pairs
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.sir import compress_blocks, compressed_rows, curriculum_loss
@@ -409,6 +409,8 @@ def train_cross_encoder(
                                                  spec.model.max_length, spec.model.pooling).to(device)
             if opt.gradient_checkpointing:
                 _enable_gradient_checkpointing(model)
+            if opt.compile:
+                compile_encoder(model)
         if tokenized is None:  # the training set's pairs, tokenized once for every trial and epoch that reads them
             tokenized = model.tokenized(*training_pairs(triples))
         loss_fn = build_loss(spec.loss, model.encoder.config.hidden_size).to(device)

@@ -21,7 +21,7 @@ from workloads.augmentation import build_augmentation_sets
 from workloads.collections import Collection, Qrels, resolve_collection
 from workloads.errors import InputError
 from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
-from workloads.models.cross_encoder import CrossEncoder, require_model_available
+from workloads.models.cross_encoder import CrossEncoder, require_compiler, require_model_available
 from workloads.perturbations import perturb_queries
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
@@ -88,6 +88,8 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     """Everything a trial's workers read, computed once and cached by content."""
     fs = spec.first_stage
     require_model_available(spec.model.name)  # before anything is computed or written
+    if spec.optimization.compile:
+        require_compiler()
     collection = resolve_collection(spec.data.collection)
     train_queries = collection.split_queries(spec.data.train_split)
     if spec.data.validation_split:

@@ -190,8 +190,8 @@ def trial_key(spec: TrialSpec) -> str:
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
     ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
-    ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing`` and
-    ``early_stopping_patience``, ``sir``, the loss readings of ``_LEGACY_LOSS_VALUES``,
+    ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
+    ``early_stopping_patience`` and ``compile``, ``sir``, the loss readings of ``_LEGACY_LOSS_VALUES``,
     ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
     keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
     and is never part of it. Augmented trials also key the sentence splitter's version: a new
@@ -220,6 +220,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["optimization"].add("length_bucketing")  # added with length-bucketed batches
     if spec.optimization.early_stopping_patience is None:
         exclude["optimization"].add("early_stopping_patience")  # added with early stopping
+    if not spec.optimization.compile:
+        exclude["optimization"].add("compile")  # added with torch.compile
     if spec.optimization.batching == "triples":
         exclude["optimization"] |= {"batching", "cft_positives"}
     elif spec.optimization.batching != "cft":

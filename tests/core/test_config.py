@@ -131,6 +131,9 @@ def test_trial_identity_is_unchanged_by_the_reranking_section_at_its_defaults():
     tuned = spec.model_copy(update={"reranking": spec.reranking.model_copy(update={"interpolation": "tuned"})})
     assert trial_key(tuned) != trial_key(spec)
     assert load_spec(TRIAL, TrialSpec).reranking.interpolation == "tuned"
+    # so is it by optimization.compile off (the key above); compiled steps round differently: a trial of its own
+    compiled = spec.model_copy(update={"optimization": spec.optimization.model_copy(update={"compile": True})})
+    assert trial_key(compiled) != trial_key(spec)
 
 
 @pytest.mark.parametrize(
