@@ -24,6 +24,7 @@ def _batch(model, texts: int, words: int):
 @pytest.mark.slow  # inductor compiles the forward and backward graphs: ~30 s on 2 cores
 def test_a_compiled_encoder_trains_like_the_eager_one_with_one_graph_for_every_length(tiny_model_dir):
     from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
 
     from workloads.models.cross_encoder import CrossEncoder, compile_encoder
 
@@ -53,6 +54,7 @@ def test_a_compiled_encoder_trains_like_the_eager_one_with_one_graph_for_every_l
         torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5, msg=name)
     assert next(iter(eager.parameters())).grad is not None
     assert counters["stats"]["unique_graphs"] == 1  # dynamic shapes: lengths 2 and 3 reused the first graph
+    assert inductor_config.fallback_random is False  # eager-like dropout for our graphs, not the process's
     # and it scores, without gradients, as the eager model does
     from workloads.models.cross_encoder import score_pairs
 

@@ -311,10 +311,7 @@ def compile_encoder(model: CrossEncoder) -> None:
     Measured on a 2-core AMD EPYC with MiniLM-L6 (``benchmarks/torch_compile.py``, README,
     Performance): training steps 0.8-0.9x eager, scoring 1.0-1.3x, and 57-74 s more per trial
     on a cold inductor cache (about 20 s warm); kernel fusion is meant for GPUs."""
-    import torch._inductor.config  # only where compiling: not every trial needs inductor loaded
-
-    torch._inductor.config.fallback_random = True
-    model.encoder.compile(dynamic=True)
+    model.encoder.compile(dynamic=True, options={"fallback_random": True})  # for this module's graphs only
 
 
 def _autocast(device: torch.device, precision: str = "auto"):
