@@ -63,13 +63,14 @@ def test_a_compiled_encoder_trains_like_the_eager_one_with_one_graph_for_every_l
                                torch.tensor(score_pairs(eager, queries, documents, precision="fp32")), rtol=1e-4, atol=1e-5)
 
 
-def test_compile_without_a_c_compiler_is_refused_with_one_line(monkeypatch):
+def test_compile_without_a_cxx_compiler_is_refused_with_one_line(monkeypatch):
+    from torch._inductor import config as inductor_config
+
     from workloads.models import cross_encoder
 
-    monkeypatch.delenv("CC", raising=False)
-    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "g++"))  # what inductor searches where CXX is unset
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(InputError, match=r"optimization.compile: torch.compile needs a C/C\+\+ compiler"):
+    with pytest.raises(InputError, match=r"optimization.compile: torch.compile needs a C\+\+ compiler"):
         cross_encoder.require_compiler()
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     cross_encoder.require_compiler()  # this machine has one
@@ -80,14 +81,14 @@ def test_orchestrate_run_refuses_compile_without_a_compiler_before_anything_is_t
               "optimization": {"epochs": 1, "compile": True}}
     path = tmp_path / "compiled.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}
-    env["PATH"] = str(Path(sys.executable).parent)  # python and nothing else: no cc, gcc or clang
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    env["PATH"] = str(Path(sys.executable).parent)  # python and nothing else: no g++
     proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--tracking-uri",
                            f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "store")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "optimization.compile: torch.compile needs a C/C++ compiler" in errors[0]
+    assert "optimization.compile: torch.compile needs a C++ compiler and none is on PATH (g++;" in errors[0]
     assert not (tmp_path / "store").exists()
     if (tmp_path / "mlflow.db").exists():  # nothing tracked for a trial that could not start
         from mlflow.tracking import MlflowClient

@@ -287,16 +287,18 @@ def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-C_COMPILERS = ("cc", "gcc", "clang")
-
-
 def require_compiler() -> None:
     """Fail now, with one line, where ``torch.compile`` could not build its kernels: inductor
-    writes C++ (CPU) or Triton (GPU, whose launcher is C) and compiles it on first use, so a
-    machine without a C compiler would fail at a trial's first step with a compiler's traceback."""
-    if not any(shutil.which(name) for name in (os.environ.get("CC", ""), os.environ.get("CXX", ""), *C_COMPILERS) if name):
-        raise InputError("optimization.compile", "torch.compile needs a C/C++ compiler and none is on PATH (cc, gcc, clang; "
-                                                 "or set CC/CXX): install one, or set optimization.compile: false")
+    writes C++ and compiles it on first use with the compiler its own setting names (``CXX``,
+    else g++; clang++ on macOS), so a machine without one would fail at a trial's first step
+    with a compiler's traceback."""
+    from torch._inductor import config as inductor_config
+
+    candidates = [name for name in inductor_config.cpp.cxx if name]  # None: a conda install inductor does only on request
+    if not any(shutil.which(name) for name in candidates):
+        raise InputError("optimization.compile", f"torch.compile needs a C++ compiler and none is on PATH "
+                                                 f"({', '.join(candidates)}; CXX names another): install one, or set "
+                                                 "optimization.compile: false")
 
 
 def compile_encoder(model: CrossEncoder) -> None:
