@@ -32,6 +32,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _results import write_results  # noqa: E402  (benchmarks/ is sys.path[0])
+
 
 def sweep_file(directory: Path, pruner: str, args) -> Path:
     sweep = {
@@ -130,11 +132,7 @@ def main() -> int:
         losses[key] = change
         print(f"{key:<24}{cell['best_val_ndcg_at_10'] or 0:>16.4f}{other.get('best_val_ndcg_at_10') or 0:>20.4f}"
               f"{change:>+9.4f}{cell['epochs_trained']:>8} / {other.get('epochs_trained', 0)}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "variants": variants, "compute_ratio": ratio,
-                               "best_change_per_cell": losses}, indent=2))
-    print(f"written: {out}")
+    write_results(args.out, args, variants=variants, compute_ratio=ratio, best_change_per_cell=losses)
     return 0
 
 

@@ -16,7 +16,6 @@ trial's wall time. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -30,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _in_process import train_in_process  # noqa: E402  (benchmarks/ is sys.path[0])
+from _results import write_results  # noqa: E402
 from vs_sentence_transformers import training_pairs, trial_spec, with_optimization  # noqa: E402
 
 
@@ -133,10 +133,7 @@ def main() -> int:
         e, c = r["score_eager"], r["score_compiled"]
         print(f"{r['dataset']:<9}{r['max_length']:>5}{e['first_batch_s']:>11.1f}{e['pairs_per_s']:>9.1f}"
               f"{c['first_batch_s']:>14.1f}{c['pairs_per_s']:>9.1f}{r['score_ratio_steady']:>7.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "torch": torch.__version__, "rows": rows}, indent=2))
-    print(f"written: {out}")
+    write_results(args.out, args, torch=torch.__version__, rows=rows)
     return 0
 
 

@@ -16,7 +16,6 @@ shut-down). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _in_process import train_in_process  # noqa: E402  (benchmarks/ is sys.path[0])
+from _results import write_results  # noqa: E402
 
 
 def main() -> int:
@@ -94,10 +94,7 @@ def main() -> int:
               f"{row['startup']:>10.1f}{row['setup']:>8.1f}{row['checkpoint']:>7.1f}{row['rest']:>7.1f}"
               f"{row['val_ndcg_at_10']:>13.4f}")
     print(f"Ray Train fit / plain wall time: {ratio:.2f}x (starting the local Ray itself, once per sweep: {ray_start:.1f} s)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "rows": rows, "ray_over_plain_wall_ratio": ratio}, indent=2))
-    print(f"written: {out}")
+    write_results(args.out, args, rows=rows, ray_over_plain_wall_ratio=ratio)
     return 0
 
 

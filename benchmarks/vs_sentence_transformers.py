@@ -22,7 +22,6 @@ given lists) at 128 and 256 tokens. Prints a table (pairs/s and ratios) and writ
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _in_process import train_in_process  # noqa: E402  (benchmarks/ is sys.path[0])
+from _results import write_results  # noqa: E402
 
 DATASETS = {
     "scifact": {"data": {"collection": "beir/scifact", "validation_queries": 5},
@@ -195,11 +195,7 @@ def main() -> int:
         print(f"{r['dataset']:<9}{r['max_length']:>5}{r['score_ours_auto']:>8.1f}{r['score_ours_fp32']:>8.1f}"
               f"{r['score_st_default']:>8.1f}{r['score_st_bf16']:>9.1f}{r['score_ratio_vs_default']:>7.2f}"
               f"{r['score_ratio_vs_best']:>8.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": vars(args), "our_auto_precision": str(auto or torch.float32),
-                               "torch": torch.__version__, "rows": rows}, indent=2))
-    print(f"written: {out}")
+    write_results(args.out, args, our_auto_precision=str(auto or torch.float32), torch=torch.__version__, rows=rows)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -68,8 +69,21 @@ class TrainingInputs:
         return self.augmentations[min(epoch, len(self.augmentations)) - 1]
 
 
-# metrics, checkpoint directory (rank 0 only, else None)
+# metrics, checkpoint directory (rank 0 only, else None). The directory is temporary: the
+# loop removes it when the call returns, so a reporter copies or moves what it keeps (Ray
+# Train's report persists it under the run's storage).
 Reporter = Callable[[dict[str, float], Path | None], None]
+
+
+def report_epoch(report: Reporter, metrics: dict[str, float], checkpoint: Path | None) -> None:
+    """``report`` an epoch, then remove its temporary checkpoint directory (see :data:`Reporter`),
+    also when the reporter raises: every epoch's directory would otherwise stay in the system's
+    temporary directory (hundreds of MB each for MiniLM with its optimizer state)."""
+    try:
+        report(metrics, checkpoint)
+    finally:
+        if checkpoint is not None:
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def validation_metrics(validation: Reranking) -> dict[str, float]:
@@ -514,7 +528,7 @@ def train_cross_encoder(
                          f"interpolation weight {validation.weight:.2f})" if validation.weight is not None else "")
                 _log(rank, f"epoch {epoch}: train {train_seconds:.0f}s, validation {PRIMARY_METRIC} "
                            f"{metrics['val_' + PRIMARY_METRIC]:.4f}{fused}")
-            report(metrics, checkpoint)
+            report_epoch(report, metrics, checkpoint)
             if patience is not None and _agreed(rank == 0 and stop, world):
                 _log(rank, f"early stopping after epoch {epoch}: no better validation {PRIMARY_METRIC} for {patience} "
                            f"epoch(s) (best {best_value:.4f})")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -139,9 +138,9 @@ def _train_loop_per_worker(config: dict) -> None:
         if checkpoint_dir is None:
             ray.train.report(metrics)
             return
+        # persisted (copied) under the run's storage before report returns; the loop then removes the directory
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint_dir)),
                          checkpoint_dir_name=f"epoch-{int(metrics['epoch'])}")
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)  # persisted by Ray under the storage path
 
     # a sweep's pruner asks a trial to stop by creating this file (see orchestrator.sweep.search)
     stop = {"stop_requested": Path(config["stop_file"]).exists} if config.get("stop_file") else {}

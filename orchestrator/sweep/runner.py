@@ -481,8 +481,11 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
             # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
             # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
             ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
+            # reuse_actors: the next trial runs in a finished trial's Tune process, which has
+            # already imported Ray Train, torch and our modules; a fresh process per trial
+            # cost ~4 s more per trial here (README "Performance", "Tune trial processes").
             tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
-                                            max_concurrent_trials=concurrent),
+                                            max_concurrent_trials=concurrent, reuse_actors=True),
             run_config=ray.tune.RunConfig(
                 name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
                 failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),

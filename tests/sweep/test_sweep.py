@@ -93,6 +93,16 @@ def test_trials_reuse_the_data_the_driver_prepared(failing_sweep):
     assert not any("[augment] bm25 k_a=" in line or "[bm25] indexed" in line for line in trial_lines)
 
 
+def test_trials_reuse_tune_processes(failing_sweep):
+    work, *_ = failing_sweep
+    # Tune's own per-trial results (pid of the process that ran the trial function)
+    finals = [json.loads(line) for path in (work / "store" / "tiny-fail" / "ray").glob("tune-*/*/result.json")
+              for line in path.read_text().splitlines() if json.loads(line).get("final")]
+    assert len(finals) == 4
+    # a fresh Tune process per trial would give four pids; reused processes run several trials each
+    assert len({r["pid"] for r in finals}) < len(finals), [r["pid"] for r in finals]
+
+
 def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_sweep):
     work, spec, uri, common, failing, plan, report = failing_sweep
     attempts = Counter((work / "store" / "tiny-fail" / "ray" / "failed_attempts.log").read_text().split())

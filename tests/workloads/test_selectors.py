@@ -3,6 +3,7 @@ selector against hand computations, the softmax/exp equivalence, determinism, a 
 that must learn a constructed task, and augmentation ordered by the selector's scores."""
 
 import random
+import shutil
 
 import pytest
 import torch
@@ -236,9 +237,15 @@ def test_a_linear_selector_learns_the_task_through_select_and_rank(tmp_path):
     torch.manual_seed(spec.seed)
     untrained = SelectAndRank.build(method, spec.selector, spec.model.name, spec.model.max_length)
     before = _picks_the_shared_word(untrained, held_out, held_out_sentences)
-    checkpoints = []
-    train_selector(spec, inputs, lambda metrics, checkpoint: checkpoints.append((metrics, checkpoint)))
-    after = _picks_the_shared_word(SelectAndRank.load(checkpoints[-1][1]), held_out, held_out_sentences)
+    reported = []
+
+    def keep(metrics, checkpoint):  # the loop removes its temporary directory once this returns
+        reported.append(checkpoint)
+        shutil.copytree(checkpoint, tmp_path / f"epoch-{int(metrics['epoch'])}")
+
+    train_selector(spec, inputs, keep)
+    assert len(reported) == 5 and not any(path.exists() for path in reported)  # nothing left in the temp dir
+    after = _picks_the_shared_word(SelectAndRank.load(tmp_path / "epoch-5"), held_out, held_out_sentences)
     # Untrained, the filler's four shared words win; ignoring the query picks it at most half the time.
     assert before < 0.3, before
     assert after > 0.7 and after > before + 0.4, (before, after)

@@ -43,14 +43,17 @@ def test_early_stopping_ends_a_trial_without_progress_and_a_resume_trains_no_mor
         "optimization": {"epochs": 6, "batch_size": 8, "learning_rate": 1e-12, "early_stopping_patience": 2},
     })
     prepared = prepare_trial(spec)
-    reports = []
+    reports, reported = [], []
 
     def keep(metrics, checkpoint):
         shutil.copytree(checkpoint, tmp_path / f"epoch-{int(metrics['epoch'])}")
         reports.append(metrics)
+        reported.append(checkpoint)
 
     train_cross_encoder(spec, prepared.training, keep)
     assert [m["epoch"] for m in reports] == [1, 2, 3]  # epochs 2 and 3 without a better value: stop
+    # each epoch's temporary directory is removed once reported (a reporter copies what it keeps)
+    assert len(reported) == 3 and not any(path.exists() for path in reported)
     assert len({m["val_ndcg_at_10"] for m in reports}) == 1 and choose_epoch(reports) == 0
     train_cross_encoder(spec, prepared.training, keep, resume_from=tmp_path / "epoch-3")
     assert len(reports) == 3  # the stopped trial is done: a restarted worker trains nothing more

@@ -232,7 +232,11 @@ BF16_SPEEDUP_NEEDED = 1.2  # margin over measurement noise before auto leaves fp
 
 
 def _matmul_seconds(dtype: torch.dtype) -> float:
-    a, b = torch.randn(2048, 384, dtype=dtype), torch.randn(384, 1536, dtype=dtype)
+    # Its own generator: the first trial on a machine measures inside its training loop, after
+    # seeding, and drawing from torch's global generator there changed that trial's numbers.
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(2048, 384, generator=generator).to(dtype)
+    b = torch.randn(384, 1536, generator=generator).to(dtype)
     torch.mm(a, b)  # kernel set-up
     best = float("inf")
     for _ in range(5):
@@ -250,10 +254,11 @@ def cpu_bf16_speedup() -> float:
     (a transformer-layer-sized product, best of 5, about a second) and kept in the cache, so
     every process on the machine decides alike.
 
-    Native bf16 instructions are not enough: on an AMD EPYC (Zen 4, AVX512-BF16) with
-    torch 2.13, oneDNN's bf16 matmul ran at 149 GFLOP/s against MKL's fp32 at 187, and MiniLM
-    scored 40 pairs/s under bf16 autocast against 51 in fp32; AMX CPUs are several times
-    faster in bf16. So ``auto`` measures instead of guessing."""
+    Native bf16 instructions are not enough: on a 2-core Intel Xeon (family 6 model 207,
+    AVX512-BF16, no AMX exposed to the VM) with torch 2.13, oneDNN's bf16 matmul ran at 149
+    GFLOP/s against MKL's fp32 at 187, and MiniLM scored 40 pairs/s under bf16 autocast against
+    51 in fp32; AMX CPUs are several times faster in bf16. So ``auto`` measures instead of
+    guessing."""
     name, _ = _cpu_flags()
     if not cpu_has_native_bf16():
         return 0.0
@@ -310,7 +315,7 @@ def compile_encoder(model: CrossEncoder) -> None:
     its own generator would draw other masks), so a seed gives the eager trial's steps up to
     floating-point rounding.
 
-    Measured on a 2-core AMD EPYC with MiniLM-L6 (``benchmarks/torch_compile.py``, README,
+    Measured on a 2-core Intel Xeon with MiniLM-L6 (``benchmarks/torch_compile.py``, README,
     Performance): training steps 0.8-0.9x eager, scoring 1.0-1.3x, and 57-74 s more per trial
     on a cold inductor cache (about 20 s warm); kernel fusion is meant for GPUs."""
     model.encoder.compile(dynamic=True, options={"fallback_random": True})  # for this module's graphs only

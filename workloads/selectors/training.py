@@ -20,7 +20,6 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +39,10 @@ from workloads.reranking import Reranking, merge_with_first_stage
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.selectors.select_and_rank import SelectAndRank
 from workloads.selectors.spec import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
+from workloads.training import Reporter, report_epoch
 from workloads.trial import PreparedTrial, choose_epoch, prepare_trial
 
 STATE_FILE = "selector_state.pt"
-Reporter = Callable[[dict[str, float], Path | None], None]
 
 
 @dataclass(frozen=True)
@@ -222,7 +221,7 @@ def train_selector(spec: SelectorTrialSpec, inputs: SelectorInputs, report: Repo
             stop[0] = float(stale >= sel.patience)
         if world > 1:
             dist.broadcast(stop, 0)
-        report(metrics, checkpoint)
+        report_epoch(report, metrics, checkpoint)
         if stop[0]:
             say(f"early stop after epoch {epoch}: no better validation {PRIMARY_METRIC} in {sel.patience} epochs")
             break
