@@ -4,8 +4,9 @@ Framework-free on purpose: the orchestrator runs it inside Ray Train workers (wh
 ``torch.distributed``), tests run it in-process. It reports one record per epoch through a
 callback, with the epoch's checkpoint directory (on rank 0) so the caller can persist it.
 
-AdamW with linear warmup and decay, gradient clipping, bf16/fp16 autocast on GPU, dynamic
-padding, validation after each epoch by re-ranking the first-stage top-k.
+AdamW (fused where the device has the kernel) with linear warmup and decay, gradient
+clipping, bf16/fp16 autocast on GPU, dynamic padding, validation after each epoch by
+re-ranking the first-stage top-k.
 """
 
 from __future__ import annotations
@@ -249,6 +250,20 @@ def _out_of_memory(exc: BaseException) -> bool:
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
 
 
+_FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def adamw(groups: list[dict], **options) -> torch.optim.AdamW:
+    """AdamW, fused (one kernel per step) where every parameter lives on a device that has
+    the fused kernel: a step over MiniLM's 22.6M parameters takes 21 ms fused against 100 ms
+    multi-tensor on 2 CPU cores (``benchmarks/fused_adamw.py``), a tenth of a short-pair
+    training step. The same update (``test_fused_adamw_is_the_same_update``), and what
+    transformers' Trainer, so sentence-transformers, uses by default with torch >= 2.8."""
+    params = [p for group in groups for p in group["params"]]
+    fused = bool(params) and all(p.device.type in _FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, fused=fused or None, **options)
+
+
 def parameter_groups(objective: TrainingObjective, weight_decay: float) -> list[dict]:
     """AdamW groups: the encoder's weights decay; biases, norms and the loss's own parameters
     do not (decay pulls towards 0, and a learned NCA map starts at, and should stay near,
@@ -435,7 +450,7 @@ def train_cross_encoder(
         wrapped: torch.nn.Module = objective
         if world > 1:
             wrapped = torch.nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = torch.optim.AdamW(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
+        optimizer = adamw(parameter_groups(objective, opt.weight_decay), lr=opt.learning_rate)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(opt.warmup_ratio * total_steps), total_steps)
         scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
         if state is not None and "optimizer" in state:  # absent after the last epoch: nothing left to train

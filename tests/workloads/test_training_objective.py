@@ -1,5 +1,6 @@
 """The trainable objective (encoder + loss): a loss's own parameters (RankingNCA's learned map)
-are synchronised across data-parallel workers, exempt from weight decay and clipped."""
+are synchronised across data-parallel workers, exempt from weight decay and clipped; the
+fused optimizer makes the multi-tensor one's update."""
 
 import os
 
@@ -34,9 +35,9 @@ def make_objective(model_dir):
 
 
 def optimizer_for(objective, weight_decay):
-    from workloads.training import parameter_groups
+    from workloads.training import adamw, parameter_groups
 
-    optimizer = torch.optim.AdamW(parameter_groups(objective, weight_decay), lr=1e-2)
+    optimizer = adamw(parameter_groups(objective, weight_decay), lr=1e-2)  # the training loop's optimizer
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), torch.amp.GradScaler("cuda", enabled=False)
 
 
@@ -153,3 +154,30 @@ def test_a_micro_batched_sir_step_has_the_whole_steps_gradient(tiny_model_dir):
     objective.eval()
     whole = _step_gradients(objective, pairs.inputs, batch.structure, None)
     _assert_same(_step_gradients(objective, pairs.inputs, batch.structure, 3), whole)
+
+
+def test_fused_adamw_is_the_same_update(tiny_model_dir):
+    """The loops' optimizer is fused on CPU and steps the parameters, both groups (decayed or
+    not), exactly as torch's multi-tensor AdamW does, to float rounding; where a parameter's
+    device has no fused kernel it falls back to torch's default."""
+    from workloads.training import adamw, parameter_groups
+
+    torch.manual_seed(0)
+    objectives = [make_objective(tiny_model_dir) for _ in range(2)]
+    objectives[1].load_state_dict(objectives[0].state_dict())
+    fused = adamw(parameter_groups(objectives[0], 0.01), lr=1e-2)
+    multi_tensor = torch.optim.AdamW(parameter_groups(objectives[1], 0.01), lr=1e-2, foreach=True)
+    assert fused.defaults["fused"] is True and multi_tensor.defaults["fused"] is None
+    start = [p.detach().clone() for p in objectives[0].parameters()]
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=generator) for p in objectives[0].parameters()]
+        for objective, optimizer in zip(objectives, (fused, multi_tensor)):
+            for p, g in zip(objective.parameters(), grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b, before in zip(objectives[0].parameters(), objectives[1].parameters(), start):
+        assert not torch.equal(a, before)  # it stepped
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    assert adamw([{"params": [meta]}], lr=1e-2).defaults["fused"] is None

@@ -39,7 +39,7 @@ from workloads.reranking import Reranking, merge_with_first_stage
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.selectors.select_and_rank import SelectAndRank
 from workloads.selectors.spec import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
-from workloads.training import Reporter, report_epoch
+from workloads.training import Reporter, adamw, report_epoch
 from workloads.trial import PreparedTrial, choose_epoch, prepare_trial
 
 STATE_FILE = "selector_state.pt"
@@ -155,7 +155,7 @@ def train_selector(spec: SelectorTrialSpec, inputs: SelectorInputs, report: Repo
                                                             find_unused_parameters=True)
     loss_fn = build_ranking_loss(sel.loss, **({"margin": sel.margin} if sel.loss == "pairwise" else {}))
     amp_dtype = autocast_dtype(device, spec.precision)
-    optimizer = torch.optim.AdamW(parameter_groups(model, sel.learning_rate, sel.selector_learning_rate))
+    optimizer = adamw(parameter_groups(model, sel.learning_rate, sel.selector_learning_rate))
     scheduler = get_constant_schedule_with_warmup(optimizer, sel.warmup_steps)
     first_epoch, best, stale = 1, float("-inf"), 0
     if resume_from is not None and (Path(resume_from) / STATE_FILE).exists():
