@@ -30,10 +30,17 @@ class SweepProgress:
         self.walls: list[float] = []
         self.concurrency = 1
         self.enabled = enabled
-        self.stream = stream or sys.__stderr__
+        self._stream = stream  # None: the process's own stderr, looked up when written
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.perf_counter()
         self._shown = False
+
+    @property
+    def stream(self) -> TextIO:
+        # Not kept as an attribute: Tune pickles its callbacks (with this display) when the
+        # sweep starts, and cloudpickle pickles only sys.stdout and sys.stderr themselves,
+        # which, while Ray's output goes to the log file, sys.__stderr__ is not.
+        return self._stream or sys.__stderr__
 
     # events (from the driver's Tune callback)
     def trial_started(self, cell: str) -> None:

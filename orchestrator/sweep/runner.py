@@ -406,6 +406,21 @@ def _noise_to(log_file: Path | None):
 def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
               verbose: bool = False) -> dict:
     """Run (or finish) the sweep; returns the dry-run report of the end state."""
+    import ray
+
+    # Ray forwards its workers' lines to this process asynchronously, so a line can arrive
+    # after the call that caused it (the exit traceback of a reused Tune process came after
+    # tuner.fit had returned, onto the terminal): Ray's output goes to the log file for the
+    # whole sweep, and this process's Ray session ends inside, flushing what is left there.
+    with _noise_to(None if verbose else sweep_paths(sweep, storage_root).log_file):
+        try:
+            return _run_sweep(sweep, tracker, storage_root, ray_address, verbose)
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+
+
+def _run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None, verbose: bool) -> dict:
     import ray.tune
 
     from orchestrator.core.execution import init_ray
@@ -438,14 +453,12 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     if selectors:
         root = tracker.sweep_run(experiment_id, sweep.name)
         tracker.client.update_run(root, status="RUNNING")
-        with _noise_to(None if verbose else paths.log_file):
-            init_ray(ray_address)
+        init_ray(ray_address)
         for number, selector in enumerate(selectors, 1):
             log.info("selector %d/%d: %s (%s, %s pairs)", number, len(selectors), selector.name, selector.method,
                      selector.training_data.size)
-            with _noise_to(None if verbose else paths.log_file):
-                ensure_selector(selector, tracker, experiment_id, paths.ray_storage, ray_address,
-                                tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
+            ensure_selector(selector, tracker, experiment_id, paths.ray_storage, ray_address,
+                            tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
         for cell in supervised:
             prepare_cell(cell)  # augmentations with the trained selectors
     cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
@@ -469,8 +482,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     display = SweepProgress(sweep.name, {c.key: finished_trials(searcher.studies[c.key]) for c in cells},
                             sweep.search.trials_per_cell, enabled=not verbose)
     if remaining:
-        with _noise_to(None if verbose else paths.log_file):  # Ray's start-up lines too
-            init_ray(ray_address)
+        init_ray(ray_address)
         concurrent = _max_concurrent(sweep, cells)
         log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
                  "" if verbose else f"; Ray's own output goes to {paths.log_file}")
@@ -493,8 +505,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
                 verbose=0,
             ),
         )
-        with _noise_to(None if verbose else paths.log_file):
-            tuner.fit()
+        tuner.fit()
         display.close()
 
     _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose)
@@ -522,8 +533,7 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         winner = max(complete, key=lambda t: t.value)
         child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
         spec = apply_params(cell.spec, winner.params)
-        with _noise_to(None if verbose else paths.log_file):
-            init_ray(ray_address)
+        init_ray(ray_address)
         try:
             jobs = submit_evaluations(spec, targets(spec, _zero_shot(sweep)), child.data.tags[schema.CHECKPOINT_TAG],
                                       child.data.metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
@@ -533,21 +543,20 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         pending.append((cell, run_id, winner, complete, child, jobs))
     if pending:
         log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[-1]) for p in pending))
-    with _noise_to(None if verbose else paths.log_file):
-        for cell, run_id, winner, complete, child, jobs in pending:
-            try:
-                for job in jobs:
-                    log_target(tracker, run_id, job.result(), run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
-            except BaseException as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
-                tracker.fail(run_id, "evaluation", exc)
-                raise
-            tracker.log_metrics(run_id, {schema.BEST_OBJECTIVE: winner.value, schema.TRIALS_COMPLETE: len(complete)})
-            tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params)})
-            tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})
-            tracker.finish(run_id, "FINISHED")
-            test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
-            log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),
-                     winner.number, winner.value, test)
+    for cell, run_id, winner, complete, child, jobs in pending:
+        try:
+            for job in jobs:
+                log_target(tracker, run_id, job.result(), run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
+        except BaseException as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
+            tracker.fail(run_id, "evaluation", exc)
+            raise
+        tracker.log_metrics(run_id, {schema.BEST_OBJECTIVE: winner.value, schema.TRIALS_COMPLETE: len(complete)})
+        tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params)})
+        tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})
+        tracker.finish(run_id, "FINISHED")
+        test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
+        log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),
+                 winner.number, winner.value, test)
 
 
 def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict:

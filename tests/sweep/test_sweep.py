@@ -93,6 +93,51 @@ def test_trials_reuse_the_data_the_driver_prepared(failing_sweep):
     assert not any("[augment] bm25 k_a=" in line or "[bm25] indexed" in line for line in trial_lines)
 
 
+# Ray forwards worker output to the driver asynchronously: a line can arrive after the call
+# that caused it (CI once saw a reused Tune process's exit traceback reach the terminal after
+# tuner.fit had returned). The sweep's Ray session must end while its output still goes to
+# the log file, so that nothing arrives later.
+LATE_LINES_PROBE = """
+import sys, time
+from pathlib import Path
+from types import SimpleNamespace
+import ray
+from orchestrator.core.execution import init_ray
+from orchestrator.sweep import runner
+
+def sweep_body(sweep, tracker, storage_root, ray_address, verbose):
+    init_ray(None, num_cpus=1)
+
+    @ray.remote(num_cpus=0)
+    def say(text):
+        print(text)
+
+    ray.get(say.remote("first worker line"))
+    log_file = runner.sweep_paths(sweep, storage_root).log_file
+    deadline = time.time() + 60
+    while "first worker line" not in log_file.read_text() and time.time() < deadline:
+        time.sleep(0.1)
+    ray.get(say.remote("late worker line"))  # done; its line is still on its way
+    return {}
+
+runner._run_sweep = sweep_body
+runner.run_sweep(SimpleNamespace(name="probe"), None, Path(sys.argv[1]))
+time.sleep(3)  # a line still on its way would reach the terminal now
+print("ray initialized after the sweep:", ray.is_initialized())
+"""
+
+
+def test_ray_output_that_arrives_late_never_reaches_the_terminal(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", LATE_LINES_PROBE, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    terminal = proc.stdout + proc.stderr
+    assert "worker line" not in terminal, terminal[-3000:]
+    assert "first worker line" in (tmp_path / "probe" / "sweep.log").read_text()
+    assert "ray initialized after the sweep: False" in proc.stdout
+
+
 def test_trials_reuse_tune_processes(failing_sweep):
     """The sweep's Tune run was built to reuse finished trials' processes (what Tune saved of
     it). Which trial lands in which process is Tune's timing: a failing trial may take a
