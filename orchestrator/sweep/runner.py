@@ -508,12 +508,12 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addre
         tuner.fit()
         display.close()
 
-    _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose)
+    _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address)
     tracker.finish(tracker.sweep_run(experiment_id, sweep.name))  # every cell is FINISHED or FAILED now
     return dry_run_report(sweep, paths)
 
 
-def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose) -> None:
+def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address) -> None:
     """Test every cell's winner on every target with the lifecycle, all evaluations in flight at once."""
     import optuna
 
