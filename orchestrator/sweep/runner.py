@@ -412,22 +412,22 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     # after the call that caused it (the exit traceback of a reused Tune process came after
     # tuner.fit had returned, onto the terminal): Ray's output goes to the log file for the
     # whole sweep, and this process's Ray session ends inside, flushing what is left there.
-    with _noise_to(None if verbose else sweep_paths(sweep, storage_root).log_file):
+    paths = sweep_paths(sweep, storage_root)
+    with _noise_to(None if verbose else paths.log_file):
         try:
-            return _run_sweep(sweep, tracker, storage_root, ray_address, verbose)
+            return _run_sweep(sweep, tracker, paths, ray_address, verbose)
         finally:
             if ray.is_initialized():
                 ray.shutdown()
 
 
-def _run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None, verbose: bool) -> dict:
+def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_address: str | None, verbose: bool) -> dict:
     import ray.tune
 
     from orchestrator.core.execution import init_ray
     from workloads.selectors.training import prepare_selector
     from workloads.trial import prepare_trial
 
-    paths = sweep_paths(sweep, storage_root)
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     if not cells:
         raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")

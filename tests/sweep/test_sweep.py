@@ -105,7 +105,7 @@ import ray
 from orchestrator.core.execution import init_ray
 from orchestrator.sweep import runner
 
-def sweep_body(sweep, tracker, storage_root, ray_address, verbose):
+def sweep_body(sweep, tracker, paths, ray_address, verbose):
     init_ray(None, num_cpus=1)
 
     @ray.remote(num_cpus=0)
@@ -113,7 +113,7 @@ def sweep_body(sweep, tracker, storage_root, ray_address, verbose):
         print(text)
 
     ray.get(say.remote("first worker line"))
-    log_file = runner.sweep_paths(sweep, storage_root).log_file
+    log_file = paths.log_file
     deadline = time.time() + 60
     while "first worker line" not in log_file.read_text() and time.time() < deadline:
         time.sleep(0.1)
