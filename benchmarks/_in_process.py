@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 
-def train_in_process(spec, inputs) -> tuple[list[dict], float]:
+def train_in_process(spec, inputs, device=None) -> tuple[list[dict], float]:
     """Train ``spec`` with ``workloads.training.train_cross_encoder`` (no Ray) on prepared
-    ``inputs``: every epoch's metrics and the wall seconds. Checkpoints are written (a cost
+    ``inputs`` (on ``device``, else the CPU): every epoch's metrics and the wall seconds. Checkpoints are written (a cost
     of every trial) and then dropped (the loop removes each once reported)."""
     from workloads.training import train_cross_encoder
 
     epochs: list[dict] = []
     started = time.perf_counter()
-    train_cross_encoder(spec, inputs, lambda metrics, checkpoint: epochs.append(dict(metrics)))
+    train_cross_encoder(spec, inputs, lambda metrics, checkpoint: epochs.append(dict(metrics)), device)
     return epochs, time.perf_counter() - started
