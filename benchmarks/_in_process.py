@@ -7,8 +7,9 @@ import time
 
 def train_in_process(spec, inputs, device=None) -> tuple[list[dict], float]:
     """Train ``spec`` with ``workloads.training.train_cross_encoder`` (no Ray) on prepared
-    ``inputs`` (on ``device``, else the CPU): every epoch's metrics and the wall seconds. Checkpoints are written (a cost
-    of every trial) and then dropped (the loop removes each once reported)."""
+    ``inputs``, on ``device`` (else the CPU): every epoch's metrics and the wall seconds.
+    Checkpoints are written (a cost of every trial) and then dropped (the loop removes each
+    once reported)."""
     from workloads.training import train_cross_encoder
 
     epochs: list[dict] = []
