@@ -5,8 +5,10 @@ Every trial of ours is a ``TorchTrainer`` fit. This runs fits of an empty traini
 demo runs its trials, each submitted from a Ray task that stands in for a sweep's Tune trial
 process. For each variant, in a local Ray of its own started as ``orchestrate`` starts one:
 the seconds from submission to the function's first line and to the end of the fit, the
-machine's busy core-seconds per fit (from /proc/stat over the timed fits; an idle Ray's own
-background work included), and the actors each fit started, by class (Ray's State API).
+machine's busy core-seconds per fit (from /proc/stat over the timed fits, time stolen by the
+hypervisor left out; an idle Ray's own background work included), and the actors each fit
+started, by class (Ray's State API). First, what an idle local Ray takes of the machine (a
+minute, from 45 s after it started).
 Variants: Ray's defaults, and the raylet allowed to start ``--startup-concurrency`` worker
 processes at once (``RAY_worker_maximum_startup_concurrency``; Ray's default is the number
 of CPUs), alternating, each twice. One untimed fit first in each. Prints a table, writes JSON.
@@ -55,9 +57,27 @@ def fit_once(storage: str, name: str) -> dict:
     return {"first_line_seconds": float(first_line_file.read_text()), "fit_seconds": time.time() - submitted}
 
 
-def busy_jiffies() -> int:
-    user, nice, system, _idle, _iowait, irq, softirq, steal, *_ = map(int, Path("/proc/stat").read_text().split()[1:11])
-    return user + nice + system + irq + softirq + steal
+def busy_core_seconds() -> float:
+    """CPU time this machine's processes have run (all cores), from /proc/stat: steal (time the
+    hypervisor gave to other guests) is not work done here."""
+    user, nice, system, _idle, _iowait, irq, softirq, *_ = map(int, Path("/proc/stat").read_text().split()[1:11])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_ray_share(settle: float = 45.0, window: float = 60.0) -> float:
+    """Fraction of the machine's CPU time an idle local Ray takes, ``settle`` s after it started."""
+    import ray
+
+    from orchestrator.core.execution import init_ray
+
+    init_ray(None)
+    try:
+        time.sleep(settle)
+        before = busy_core_seconds()
+        time.sleep(window)
+        return (busy_core_seconds() - before) / (window * os.cpu_count())
+    finally:
+        ray.shutdown()
 
 
 def run_variant(name: str, rounds: int, concurrent: int, startup_concurrency: int | None) -> dict:
@@ -77,11 +97,11 @@ def run_variant(name: str, rounds: int, concurrent: int, startup_concurrency: in
         with tempfile.TemporaryDirectory() as storage:
             ray.get(submit.remote(storage, "warm-up"))  # untimed: the first fit pays for what later ones reuse
             warm_actors = Counter(a.class_name for a in list_actors(limit=10_000))
-            busy_before, started = busy_jiffies(), time.perf_counter()
+            busy_before, started = busy_core_seconds(), time.perf_counter()
             for round_ in range(rounds):
                 fits += ray.get([submit.remote(storage, f"r{round_}-{i}") for i in range(concurrent)])
             wall = time.perf_counter() - started
-            busy = (busy_jiffies() - busy_before) / os.sysconf("SC_CLK_TCK")
+            busy = busy_core_seconds() - busy_before
             actors = Counter(a.class_name for a in list_actors(limit=10_000)) - warm_actors
     finally:
         ray.shutdown()
@@ -105,6 +125,8 @@ def main() -> int:
     from orchestrator.core.execution import set_environment_defaults
 
     set_environment_defaults()
+    idle_share = idle_ray_share()
+    print(f"idle local Ray: {idle_share:.1%} of the machine", flush=True)
     rows = []
     for _ in range(2):
         for name, concurrency in (("Ray's defaults", None), (f"start-up concurrency {args.startup_concurrency}",
@@ -113,13 +135,14 @@ def main() -> int:
             print(f"{name}: first line {rows[-1]['first_line_seconds']:.1f} s, fit {rows[-1]['fit_seconds']:.1f} s, "
                   f"{rows[-1]['busy_core_seconds_per_fit']:.1f} busy core-s per fit", flush=True)
 
-    print(f"\nempty TorchTrainer fits, {args.concurrent} at a time, {os.cpu_count()} CPUs (means per fit)")
+    print(f"\nempty TorchTrainer fits, {args.concurrent} at a time, {os.cpu_count()} CPUs (means per fit); "
+          f"an idle local Ray takes {idle_share:.1%} of the machine")
     print(f"{'variant':<28}{'fits':>5}{'first line s':>14}{'fit s':>8}{'busy core-s':>13}  actors per fit")
     for r in rows:
         actors = ", ".join(f"{k} {v:g}" for k, v in r["actors_per_fit"].items())
         print(f"{r['variant']:<28}{r['fits']:>5}{r['first_line_seconds']:>14.1f}{r['fit_seconds']:>8.1f}"
               f"{r['busy_core_seconds_per_fit']:>13.1f}  {actors}")
-    write_results(args.out, args, cpus=os.cpu_count(), rows=rows)
+    write_results(args.out, args, cpus=os.cpu_count(), idle_ray_share=idle_share, rows=rows)
     return 0
 
 

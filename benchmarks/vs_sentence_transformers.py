@@ -150,26 +150,12 @@ def real_tokens_per_pair(model, queries: list[str], documents: list[str]) -> flo
 
 
 def matrix_product_flops(hidden: int, intermediate: int, dtype, device) -> float:
-    """FLOP/s of the model's feed-forward up-projection over 2,048 tokens on ``device`` in
-    ``dtype`` at the current thread count, best of 5 (see the module docstring: MFU)."""
-    import torch
+    """FLOP/s of the model's feed-forward up-projection on ``device`` in ``dtype`` at the
+    current thread count: the product ``precision: auto`` times (see the module docstring: MFU)."""
+    from workloads.models.cross_encoder import MATMUL_REPEATS, MATMUL_ROWS, _matmul_seconds
 
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(2048, hidden, generator=generator).to(device, dtype)
-    b = torch.randn(hidden, intermediate, generator=generator).to(device, dtype)
-
-    def run() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
-
-    run()  # kernel set-up
-    return 4 * 2 * 2048 * hidden * intermediate / min(run() for _ in range(5))
+    flop = MATMUL_REPEATS * 2 * MATMUL_ROWS * hidden * intermediate
+    return flop / _matmul_seconds(dtype, hidden, intermediate, device)
 
 
 def timed(function, *args, **kwargs) -> float:

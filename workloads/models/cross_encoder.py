@@ -231,18 +231,27 @@ def cpu_has_native_bf16() -> bool:
 BF16_SPEEDUP_NEEDED = 1.2  # margin over measurement noise before auto leaves fp32
 
 
-def _matmul_seconds(dtype: torch.dtype) -> float:
+MATMUL_ROWS, MATMUL_REPEATS = 2048, 4
+
+
+def _matmul_seconds(dtype: torch.dtype, hidden: int = 384, intermediate: int = 1536,
+                    device: torch.device = torch.device("cpu")) -> float:
+    """Best of 5 timings of MATMUL_REPEATS products of a transformer's feed-forward
+    up-projection over MATMUL_ROWS tokens (MiniLM's shape by default) on ``device``."""
     # Its own generator: the first trial on a machine measures inside its training loop, after
     # seeding, and drawing from torch's global generator there changed that trial's numbers.
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(2048, 384, generator=generator).to(dtype)
-    b = torch.randn(384, 1536, generator=generator).to(dtype)
+    a = torch.randn(MATMUL_ROWS, hidden, generator=generator).to(device, dtype)
+    b = torch.randn(hidden, intermediate, generator=generator).to(device, dtype)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.mm(a, b)  # kernel set-up
     best = float("inf")
     for _ in range(5):
+        synchronize()
         started = time.perf_counter()
-        for _ in range(4):
+        for _ in range(MATMUL_REPEATS):
             torch.mm(a, b)
+        synchronize()
         best = min(best, time.perf_counter() - started)
     return best
 
