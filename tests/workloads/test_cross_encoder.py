@@ -108,6 +108,28 @@ def test_the_bf16_measurement_is_made_once_per_machine(tmp_path, monkeypatch):
         ce.cpu_bf16_speedup.cache_clear()
 
 
+def test_the_bf16_measurement_is_not_shared_by_cpus_of_one_name_with_other_flags(tmp_path, monkeypatch):
+    """VMs report one model name with and without AMX exposed: one's answer must not decide
+    for the other (bf16 ran 0.8x fp32 on one, 9x on the other)."""
+    import workloads.models.cross_encoder as ce
+
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path))
+    name = "Intel(R) Xeon(R) Processor"
+    monkeypatch.setattr(ce, "_cpu_flags", lambda: (name, {"avx512f", "avx512_bf16"}))
+    monkeypatch.setattr(ce, "_matmul_seconds", lambda dtype: 1.0 if dtype == torch.float32 else 1.25)
+    ce.cpu_bf16_speedup.cache_clear()
+    try:
+        assert ce.cpu_bf16_speedup() == 0.8
+        monkeypatch.setattr(ce, "_cpu_flags", lambda: (name, {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+        monkeypatch.setattr(ce, "_matmul_seconds", lambda dtype: 1.0 if dtype == torch.float32 else 0.125)
+        ce.cpu_bf16_speedup.cache_clear()  # a new process on the other VM, same cache directory
+        assert ce.cpu_bf16_speedup() == 8.0
+        assert ce.autocast_dtype(torch.device("cpu"), "auto") == torch.bfloat16
+        assert len(list((tmp_path / "machine").glob("bf16-speedup-*.json"))) == 2
+    finally:
+        ce.cpu_bf16_speedup.cache_clear()
+
+
 def test_the_bf16_measurement_leaves_the_seeded_generator_alone():
     """The first trial on a machine measures inside its seeded training loop: drawing its test
     matrices from torch's global generator changed that trial's numbers (a selector test
