@@ -223,12 +223,12 @@ def _cpu_flags() -> tuple[str, set[str]]:
     return name, flags
 
 
-BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile", "bf16"})
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 AVX512-BF16, AMX-BF16, Arm BF16
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU has bf16 matrix instructions (x86 AVX512-BF16 or AMX-BF16, Arm BF16)."""
-    return bool(_cpu_flags()[1] & {"avx512_bf16", "amx_bf16", "bf16"})
+    """Whether this CPU has bf16 matrix instructions (any of ``BF16_FLAGS``)."""
+    return bool(_cpu_flags()[1] & BF16_FLAGS)
 
 
 BF16_SPEEDUP_NEEDED = 1.2  # margin over measurement noise before auto leaves fp32
