@@ -211,6 +211,8 @@ def _print_plan(report: dict) -> None:
         for s in report["selectors"]:
             emit(f"  {s['name']:<28}{s['method']:<11}{s['model'][:25]:<26}{s['size']:>7} pairs (data: {s['data']}, "
                  f"k {s['k']})  {s['cells']} cells  {'trained' if s['trained'] else 'to train'}")
+    for problem in report.get("preflight", []):
+        emit(f"would stop the sweep before it computes: {problem}")
     width = max([22, *(len(c["loss"]) + 2 for c in report["cells_detail"])])
     header = (f"{'cell':<22}{'model':<26}{'loss':<{width}}{'augmentation':<13}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}"
               "  searched / status")
@@ -224,12 +226,14 @@ def _print_plan(report: dict) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from orchestrator.core.tracking import Tracker, resolve_tracking_uri
-    from orchestrator.sweep.runner import dry_run_report, run_sweep, sweep_paths
+    from orchestrator.sweep.grid import check_targets, expand_grid
+    from orchestrator.sweep.runner import dry_run_report, preflight, run_sweep, sweep_paths
 
     sweep = _load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
     if args.dry_run:
-        report = dry_run_report(sweep, paths)
+        check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
+        report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
     else:
         tracker = Tracker(resolve_tracking_uri(args.tracking_uri))
         report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose)

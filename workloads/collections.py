@@ -288,6 +288,7 @@ def _given_run(lists: dict[str, list[str]]) -> dict[str, dict[str, float]]:
 
 WIKIQA_TEST_FILE = "WikiQA-test.tsv"
 UNFILTERED = "-unfiltered"
+ANSWERED = "-answered"  # every question with a correct candidate: CFT's test set (243; dev 126)
 
 
 def _read_wikiqa_ref(path: Path) -> list[tuple[str, str, int]]:
@@ -345,7 +346,9 @@ def load_wikiqa_directory(path: Path, name: str | None = None) -> Collection:
 
     Splits ``train``, ``dev``, ``test``: ``dev`` and ``test`` are the standard filtered sets
     (``WikiQA-*-filtered.ref``: questions with at least one correct and one incorrect
-    candidate: 122 and 237 questions), ``dev-unfiltered`` and ``test-unfiltered`` every
+    candidate: 122 and 237 questions), ``dev-answered`` and ``test-answered`` every question
+    with at least one correct candidate (126 and 243: the sets CFT's P@1 implies, those whose
+    candidates are all correct included), ``dev-unfiltered`` and ``test-unfiltered`` every
     question (296 and 633); ``train`` is every training question (2,118; 873 have an
     answer). A document is one candidate sentence (dev/test: its ``SentenceID``; train,
     shipped without ids: ``T<question>-<sentence>`` from the ``.ref`` indices), a query id
@@ -373,7 +376,8 @@ def load_wikiqa_directory(path: Path, name: str | None = None) -> Collection:
             names = {split: set(lists)}
         else:
             kept = {index_to_id[q] for q, _, _ in _read_wikiqa_ref(filtered_file) if q in index_to_id}
-            names = {split: kept, f"{split}{UNFILTERED}": set(lists)}
+            answered = {q for q, grades in judged.items() if any(g > 0 for g in grades.values())}
+            names = {split: kept, f"{split}{UNFILTERED}": set(lists), f"{split}{ANSWERED}": answered}
         for split_name, ids in names.items():
             qrels[split_name] = {q: judged[q] for q in sorted(ids)}
             given[split_name] = _given_run({q: lists[q] for q in sorted(ids)})
@@ -505,17 +509,31 @@ def load_ir_datasets(ref: str) -> Collection:
     return Collection(name=ref, corpus=corpus, queries=queries, qrels=qrels, relevance_level=relevance_level)
 
 
-def resolve_collection(ref: str) -> Collection:
-    """Resolve a reference: a local directory, ``$ORCHESTRATE_DATA_DIR/<name>``, else ir_datasets."""
+def local_directory(ref: str) -> Path | None:
+    """The local directory a reference names (itself, or ``$ORCHESTRATE_DATA_DIR/<name>``), or None
+    when it would come from ir_datasets. Reads nothing."""
     path = Path(ref).expanduser()
     if path.is_dir():
-        return _load_directory(path, ref)
+        return path.resolve()
     root = data_dir()
-    if root is not None:
-        local_name = ref.removeprefix("beir/")
-        local = root / local_name
-        if local.is_dir():
-            return _load_directory(local, ref)
+    if root is not None and (root / ref.removeprefix("beir/")).is_dir():
+        return (root / ref.removeprefix("beir/")).resolve()
+    return None
+
+
+def same_collection(first: str, second: str) -> bool:
+    """Whether two references name one collection (the same local directory, or the same id)."""
+    a, b = local_directory(first), local_directory(second)
+    if a is not None or b is not None:
+        return a == b
+    return first.strip("/") == second.strip("/")
+
+
+def resolve_collection(ref: str) -> Collection:
+    """Resolve a reference: a local directory, ``$ORCHESTRATE_DATA_DIR/<name>``, else ir_datasets."""
+    local = local_directory(ref)
+    if local is not None:
+        return _load_directory(local, ref)
     if ref.startswith(("/", ".", "~")):
         raise InputError(ref, "no such directory")
     return load_ir_datasets(ref)

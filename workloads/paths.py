@@ -19,12 +19,11 @@ def data_dir() -> Path | None:
 
 
 def cache_dir() -> Path:
-    """Cache for indexes, runs and training sets; shared storage on a cluster."""
+    """Cache for indexes, runs and training sets; shared storage on a cluster. Not created here:
+    what writes an entry creates its directory (a command that only reads writes nothing)."""
     value = os.environ.get(CACHE_DIR_ENV)
     path = Path(value).expanduser() if value else Path.cwd() / ".orchestrate" / "cache"
-    path = path.resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return path.resolve()
 
 
 def stable_key(*parts: object) -> str:

@@ -14,9 +14,14 @@ machine and never changes when other queries are added.
   whose two characters differ (swapping equal characters would change nothing; CheckList
   draws over every position). A query with no such position gets no variant.
 - ``contraction``: expand contractions ("what's" -> "what is") or contract expansions
-  ("what is" -> "what's") from fixed tables (CheckList's), case-insensitively, keeping the
-  case of the matched text. When both are possible the query's RNG picks one; a query with
-  nothing to change gets no variant, so this set is a strict subset of the queries.
+  ("what is" -> "what's"), case-insensitively, keeping the case of the matched text. When
+  both are possible the query's RNG picks one; a query with nothing to change gets no
+  variant, so this set is a strict subset of the queries. The expansion table is CheckList's
+  (lower-cased; its "how'd'y" and "ma'am" left out). The contraction table is **not**
+  CheckList's: it is the inverse of the expansion table (where several contractions share an
+  expansion, "is not" contracts to "isn't"). CheckList contracts with a shorter hand-written
+  table that has no "have" or "will" forms of pronouns ("could have", "he will", "you have"
+  stay as they are there), so this rule contracts more queries than CheckList would.
 
 ``PERTURBATIONS`` is the registry: a name -> a function ``(query, rng) -> str | None``
 (None: no variant). A variant equal to its original is never produced.
@@ -32,7 +37,7 @@ from collections.abc import Callable
 
 Perturbation = Callable[[str, random.Random], str | None]
 
-# CheckList's contraction table (checklist/perturb.py), lower case; its reverse contracts.
+# CheckList's expansion table (checklist/perturb.py), lower case; its inverse contracts (not CheckList's own, see above).
 CONTRACTIONS: dict[str, str] = {
     "ain't": "is not", "aren't": "are not", "can't": "cannot", "can't've": "cannot have", "could've": "could have",
     "couldn't": "could not", "didn't": "did not", "doesn't": "does not", "don't": "do not", "hadn't": "had not",

@@ -32,6 +32,8 @@ TEST_NAMES = {"t": "paired two-sided t-test", "wilcoxon": "two-sided Wilcoxon si
               "randomization": "two-sided Fisher's paired randomization test (10,000 permutations)"}
 LEVELS = (0.05, 0.10)  # 95% and 90%
 RANDOMIZATION_RESAMPLES = 10_000
+# per-query values closer than this are equal: measures lie in [0, 1] and rounding differs by far less
+DIFFERENCE_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ def paired_test(a: dict[str, float], b: dict[str, float], test: PairedTest = "t"
 
     Degenerate inputs get the p-value of their limit instead of scipy's NaN: identical
     systems (every difference 0) have p = 1; a constant non-zero difference over two or more
-    queries has p = 0 for the t-test (zero variance).
+    queries has p = 0 for the t-test (zero variance). Differences within
+    :data:`DIFFERENCE_TOLERANCE` count as 0: per-query measures recomputed in another order
+    differ by rounding (1e-16 .. 1e-9), which is no difference between systems.
     """
     if test not in PAIRED_TESTS:
         raise ValueError(f"unknown test '{test}' (choose from {', '.join(PAIRED_TESTS)})")
@@ -75,13 +79,13 @@ def paired_test(a: dict[str, float], b: dict[str, float], test: PairedTest = "t"
     n = len(x)
     if n == 0:
         raise ValueError("no queries to compare")
-    diff = x - y
+    diff = np.where(np.abs(x - y) <= DIFFERENCE_TOLERANCE, 0.0, x - y)
     if not diff.any():
         p = 1.0
     elif test == "t":
         if n < 2:
             p = 1.0
-        elif np.allclose(diff, diff[0]):
+        elif np.ptp(diff) <= DIFFERENCE_TOLERANCE:
             p = 0.0
         else:
             p = float(stats.ttest_rel(x, y).pvalue)

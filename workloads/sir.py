@@ -43,6 +43,7 @@ import torch
 
 from workloads.batches import PairStructure
 from workloads.losses.listwise import blocks, listwise_terms, sir_terms
+from workloads.seeds import derived_seed
 
 LEVEL_TERMS = {"sir": sir_terms, "listwise": listwise_terms}
 
@@ -132,7 +133,7 @@ def compress_blocks(score: callable, rows: list[dict], kept: list[list[int]], ke
     scores = torch.tensor(score(queries, documents)) if queries else torch.zeros(0)
     survivors, start = [], 0
     for number, current, size in zip(row_numbers, kept, owners):
-        generator = (torch.Generator().manual_seed(seed * 1_000_003 + stage * 10_007 + number)
+        generator = (torch.Generator().manual_seed(derived_seed("sir-selection", seed, stage, number))
                      if selection == "random" else None)
         positions = select_survivors(scores[start:start + size], keep, selection, generator)
         survivors.append([current[int(p) - 1] for p in positions[1:]])

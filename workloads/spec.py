@@ -287,6 +287,10 @@ class OptimizationSpec(_Strict):
                                                      "training and validation, same numbers as eager up to rounding; "
                                                      "compiling adds 20-75 s per trial, and on a 2-core CPU steps ran "
                                                      "slower than eager: meant for GPUs")
+    gradient_accumulation: int = Field(
+        default=1, ge=1, description="batches per optimizer step: their gradients add up (each loss divided by their "
+                                     "number), so k batches of batch_size make one step of k x batch_size pairs where "
+                                     "the loss is a mean; the schedule, clipping and steps count optimizer steps (CFT: 8)")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
                                         "then each micro-batch again with the loss's gradient): a block of any size fits, "

@@ -11,6 +11,7 @@ re-ranking the first-stage top-k.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -34,6 +35,7 @@ from workloads.losses import ModelOutputs, PairLoss, build_loss
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, compile_encoder, score_pairs
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
+from workloads.seeds import derived_seed
 from workloads.sir import compress_blocks, compressed_rows, curriculum_loss
 from workloads.spec import TrialSpec
 from workloads.tokenized import TokenizedPairs
@@ -278,36 +280,63 @@ def parameter_groups(objective: TrainingObjective, weight_decay: float) -> list[
 def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
                       scheduler, scaler: torch.amp.GradScaler, inputs: dict[str, torch.Tensor], structure: PairStructure,
                       max_grad_norm: float, micro_batch_size: int | None = None) -> torch.Tensor:
-    """One step: loss through ``wrapped`` (the objective, or its DDP wrapper), backward, clip
-    every trainable parameter's gradient (the loss's own too), step. Returns the loss.
+    """One step on one batch (:func:`accumulated_step` with a single micro-step)."""
+    return accumulated_step(wrapped, objective, optimizer, scheduler, scaler, [(inputs, structure)], max_grad_norm,
+                            micro_batch_size)
 
-    With ``micro_batch_size`` the encoder runs in micro-batches (:class:`MicroBatchedPairs`)
-    outside DDP's forward, so the gradients are averaged across workers here."""
+
+def accumulated_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
+                     scheduler, scaler: torch.amp.GradScaler, micro_steps: list[tuple[dict[str, torch.Tensor], PairStructure]],
+                     max_grad_norm: float, micro_batch_size: int | None = None,
+                     before_each: Callable[[int], None] | None = None, parts: dict[str, float] | None = None) -> torch.Tensor:
+    """One optimizer step over ``micro_steps`` batches (gradient accumulation): each batch's loss,
+    divided by their number, through ``wrapped`` (the objective, or its DDP wrapper), backward;
+    then clip every trainable parameter's gradient (the loss's own too), step, schedule.
+    Returns the mean of the batches' losses. Where each loss is a mean over its batch, k
+    accumulated batches of b pairs make the update of one batch of k * b pairs.
+
+    Under DDP the gradients are averaged across workers once per step: every micro-step but the
+    last runs in ``no_sync``. With ``micro_batch_size`` the encoder runs in micro-batches
+    (:class:`MicroBatchedPairs`) outside DDP's forward, so the gradients are averaged across
+    workers here, after the last batch. ``before_each(i)`` runs before batch i (per-batch seeding);
+    ``parts`` accumulates the step's mean of each named part of the loss (``loss_fn.last_parts``)."""
     optimizer.zero_grad(set_to_none=True)
-    if micro_batch_size is None:
-        loss = wrapped(inputs, structure)
-        scaler.scale(loss).backward()
-    else:
-        replay = objective.replay = MicroBatchedPairs(objective, micro_batch_size)
-        try:
-            loss = objective(inputs, structure)
-            scaler.scale(loss).backward()
-            replay.backward()
-        finally:
-            objective.replay = None
-        _, world = _rank_and_world()
-        if world > 1:
-            for parameter in objective.parameters():
-                if parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
-                dist.all_reduce(parameter.grad)
-                parameter.grad /= world
+    count = len(micro_steps)
+    total = torch.zeros(())
+    _, world = _rank_and_world()
+    for index, (inputs, structure) in enumerate(micro_steps):
+        if before_each is not None:
+            before_each(index)
+        if micro_batch_size is None:
+            last = index == count - 1
+            sync = contextlib.nullcontext() if last or not hasattr(wrapped, "no_sync") else wrapped.no_sync()
+            with sync:
+                loss = wrapped(inputs, structure)
+                scaler.scale(loss / count).backward()
+        else:
+            replay = objective.replay = MicroBatchedPairs(objective, micro_batch_size)
+            try:
+                loss = objective(inputs, structure)
+                scaler.scale(loss / count).backward()
+                replay.backward()
+            finally:
+                objective.replay = None
+        total = total + loss.detach().cpu() / count
+        if parts is not None:
+            for name, value in objective.loss_fn.last_parts.items():
+                parts[name] = parts.get(name, 0.0) + value / count
+    if micro_batch_size is not None and world > 1:
+        for parameter in objective.parameters():
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= world
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(objective.parameters(), max_grad_norm)
     scaler.step(optimizer)
     scaler.update()
     scheduler.step()
-    return loss.detach()
+    return total
 
 
 def load_loss_state(loss_fn: PairLoss, state: dict) -> None:
@@ -412,10 +441,12 @@ def train_cross_encoder(
                           opt.length_bucketing)
 
     batches_per_epoch = len(plan(triples, 1))  # incomplete last batch dropped
-    steps_per_rank = batches_per_epoch // world
+    accumulation = opt.gradient_accumulation
+    steps_per_rank = batches_per_epoch // (world * accumulation)  # optimizer steps: a step takes `accumulation` batches
     if steps_per_rank == 0:
-        raise ValueError(f"{len(triples)} training rows make no full batch ({opt.batching}, "
-                         f"{rows_per_batch(opt.batching, opt.batch_size, negatives)} rows) per worker x {world} workers")
+        raise ValueError(f"{len(triples)} training rows make no full step ({opt.batching}, "
+                         f"{rows_per_batch(opt.batching, opt.batch_size, negatives)} rows per batch, {accumulation} "
+                         f"batch(es) per step) per worker x {world} workers")
     total_steps = steps_per_rank * epochs
     amp_dtype = autocast_dtype(device, opt.precision)
     validation_run = read_trec_run(Path(inputs.validation_first_stage_run))
@@ -461,52 +492,59 @@ def train_cross_encoder(
             state = None
         stage_rows = compressed_rows(triples, kept)
         block = f", stage {stage}/{stages}: blocks of 1 + up to {sir.levels[stage - 2] - 1}" if stage > 1 else ""
-        _log(rank, f"{len(triples)} {unit}{block}, {steps_per_rank} steps/epoch x {epochs} epochs, {world} worker(s) on "
-                   f"{device}, precision {amp_dtype or torch.float32}")
+        accumulated = f" of {accumulation} accumulated batches" if accumulation > 1 else ""
+        _log(rank, f"{len(triples)} {unit}{block}, {steps_per_rank} steps/epoch{accumulated} x {epochs} epochs, {world} "
+                   f"worker(s) on {device}, precision {amp_dtype or torch.float32}")
         last_epoch = stage * epochs
         for epoch in range(first_epoch, last_epoch + 1):
             rows = with_augmentation(stage_rows, inputs.augmentation_for(epoch), inputs.training_set)
             wrapped.train()
-            my_batches = plan(rows, epoch)[rank:steps_per_rank * world:world]
+            my_batches = plan(rows, epoch)[rank:steps_per_rank * accumulation * world:world]
             started = time.perf_counter()
             # the attempt's set-up (training set, model, tokenized pairs, optimizer), reported once
             setup = {"epoch_setup_seconds": started - entered} if entered is not None else {}
             entered = None
             total_loss, pairs_seen = 0.0, 0
             parts: dict[str, float] = {}
-            for step, (batch, pairs) in enumerate(prefetched(model, rows, my_batches, opt.batching, device, tokenized), 1):
-                pairs_seen += len(batch.documents)  # lists may be shorter than batch_size; augmentation doubles
-                if isinstance(objective, CurriculumObjective):
-                    objective.generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
+            batches = prefetched(model, rows, my_batches, opt.batching, device, tokenized)
+            for step in range(1, steps_per_rank + 1):
+                micro = [next(batches) for _ in range(accumulation)]
+                pairs_seen += sum(len(batch.documents) for batch, _ in micro)  # lists may be short; augmentation doubles
+
+                def seed_curriculum(index: int, epoch=epoch, step=step, objective=objective) -> None:
+                    if isinstance(objective, CurriculumObjective):  # random selection: one generator per batch
+                        objective.generator = torch.Generator().manual_seed(derived_seed("curriculum", spec.seed, epoch,
+                                                                                         step, index))
                 try:
-                    loss = optimization_step(wrapped, objective, optimizer, scheduler, scaler, pairs.inputs,
-                                             batch.structure.to(device), opt.max_grad_norm, opt.micro_batch_size)
+                    loss = accumulated_step(wrapped, objective, optimizer, scheduler, scaler,
+                                            [(pairs.inputs, batch.structure.to(device)) for batch, pairs in micro],
+                                            opt.max_grad_norm, opt.micro_batch_size, seed_curriculum, parts)
                 except (torch.OutOfMemoryError, RuntimeError) as exc:
                     if not _out_of_memory(exc):
                         raise
                     raise StepOutOfMemoryError(
-                        f"a step of {len(batch.documents)} sequences of up to {spec.model.max_length} tokens does not fit on "
-                        f"{device}: lower optimization.batch_size (pairs per step) or training_data.negatives (block size), "
-                        "set optimization.gradient_checkpointing: true, set optimization.micro_batch_size (pairs per "
-                        "forward), or lower model.max_length") from exc
+                        f"a step of {len(micro[0][0].documents)} sequences of up to {spec.model.max_length} tokens does not "
+                        f"fit on {device}: lower optimization.batch_size (pairs per batch; optimization.gradient_accumulation "
+                        "keeps the step's size) or training_data.negatives (block size), set "
+                        "optimization.gradient_checkpointing: true, set optimization.micro_batch_size (pairs per forward), "
+                        "or lower model.max_length") from exc
                 total_loss += float(loss)
-                for name, value in loss_fn.last_parts.items():
-                    parts[name] = parts.get(name, 0.0) + value
                 if stop_requested is not None and _agreed(rank == 0 and stop_requested(), world):
                     _log(rank, f"stopping in epoch {epoch}, step {step}: requested (pruned)")
                     return
-                if step % max(1, len(my_batches) // 10) == 0 or step == len(my_batches):
+                if step % max(1, steps_per_rank // 10) == 0 or step == steps_per_rank:
                     rate = pairs_seen / (time.perf_counter() - started)
-                    _log(rank, f"epoch {epoch}/{stages * epochs} {progress_bar(step, len(my_batches))} step {step}/"
-                               f"{len(my_batches)} loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
+                    _log(rank, f"epoch {epoch}/{stages * epochs} {progress_bar(step, steps_per_rank)} step {step}/"
+                               f"{steps_per_rank} loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
+            batches.close()
             train_seconds = time.perf_counter() - started
 
-            metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / len(my_batches),
+            metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / steps_per_rank,
                                          "epoch_train_seconds": train_seconds,
                                          "degenerate_batches": float(loss_fn.degenerate_batches), **setup}
             if stages > 1:
                 metrics["stage"] = stage
-            metrics.update({f"train_{name}_loss": value / len(my_batches) for name, value in parts.items()})
+            metrics.update({f"train_{name}_loss": value / steps_per_rank for name, value in parts.items()})
             next_kept = None
             if epoch == last_epoch and stage < stages:
                 selecting = time.perf_counter()

@@ -71,6 +71,39 @@ def targets(spec: TrialSpec, zero_shot: Sequence[tuple] = ()) -> list[Target]:
     return out
 
 
+def target_overlap(spec: TrialSpec, target: Target, query_ids: bool = True) -> str | None:
+    """Why testing ``spec``'s trained model on ``target`` would report seen queries, or None.
+
+    By configuration first (the target is the training or validation split of the training
+    collection), then, with ``query_ids``, by the queries themselves where both collections
+    are local files (only their queries and judgements are read; nothing is prepared). An
+    ir_datasets collection is checked by configuration here and by its queries when the
+    trial prepares it (before anything is trained)."""
+    from workloads.collections import local_directory, resolve_collection, same_collection
+
+    data, tested = spec.data, target.spec.data
+    test_collection = tested.test_collection or tested.collection
+    if not same_collection(data.collection, test_collection):
+        return None
+    split = tested.test_split
+    if split == data.train_split:
+        return f"target {target.label} is the training split '{split}' of {data.collection}"
+    if data.validation_split is not None and split == data.validation_split:
+        return f"target {target.label} is the validation split '{split}' of {data.collection}: the model is chosen on it"
+    if not query_ids or local_directory(data.collection) is None:
+        return None
+    collection = resolve_collection(data.collection)
+    tested_ids = set(collection.split_qrels(split))
+    for role, seen in (("training", data.train_split), ("validation", data.validation_split)):
+        if seen is None:
+            continue
+        shared = sorted(tested_ids & set(collection.split_qrels(seen)))
+        if shared:
+            return (f"target {target.label} shares {len(shared)} queries with the {role} split '{seen}' of "
+                    f"{data.collection} (e.g. '{shared[0]}')")
+    return None
+
+
 # ----------------------------------------------------------------------------- training
 
 
@@ -124,6 +157,7 @@ class TargetResult:
     reranking: Reranking      # the final ranking (and the cross-encoder alone when fused)
     first_stage: Evaluation   # BM25 on the same queries
     first_stage_run: str      # its TREC run file
+    candidates: str = ""      # the candidates file that was re-ranked (its query texts are logged)
 
 
 @dataclass
@@ -135,7 +169,8 @@ class PendingEvaluation:
     def result(self) -> TargetResult:
         import ray
 
-        return TargetResult(self.target, ray.get(self.ref), self.prepared.first_stage_test, self.prepared.test_first_stage_run)
+        return TargetResult(self.target, ray.get(self.ref), self.prepared.first_stage_test, self.prepared.test_first_stage_run,
+                            self.prepared.test_candidates)
 
 
 def submit_evaluations(spec: TrialSpec, evaluation_targets: Sequence[Target], checkpoint: str,
@@ -159,6 +194,14 @@ def log_target(tracker: Tracker, run_id: str, result: TargetResult, run_tag: str
         tracker.log_metrics(run_id, {schema.weight_metric(name): result.reranking.weight})
     tracker.log_evaluation(run_id, schema.first_stage_prefix(name), result.first_stage)
     with tempfile.TemporaryDirectory() as tmp:
+        if result.candidates:  # the query texts the model was tested on (perturbed ones for robust_* targets)
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(result.candidates, columns=["query_id", "query"]).to_pydict()
+            texts = dict(zip(table["query_id"], table["query"]))
+            queries = Path(tmp) / f"{name}.tsv"
+            queries.write_text("".join(f"{qid}\t{text}\n" for qid, text in sorted(texts.items())), encoding="utf-8")
+            tracker.log_file(run_id, queries, schema.QUERIES_ARTIFACTS)
         reranked = Path(tmp) / f"{name}.reranked.trec"
         write_trec_run(result.reranking.run, reranked, tag=run_tag)
         tracker.log_file(run_id, reranked, "runs")

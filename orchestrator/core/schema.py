@@ -98,6 +98,7 @@ def zero_shot_target(collection: str, split: str) -> str:
 
 
 ROBUSTNESS_PREFIX = "robust_"
+QUERIES_ARTIFACTS = "queries"  # per target: queries/<target>.tsv, the query texts it was tested on
 
 
 def perturbed_target(perturbation: str) -> str:
@@ -176,6 +177,10 @@ def flat_params(spec: TrialSpec) -> dict[str, str]:
     return out
 
 
+# Random draws per (epoch, step) or (stage, row) come from hashed seeds since this version (they
+# collided past 10,007 steps or rows before): trials whose results depend on such draws key it.
+SEEDS_VERSION = "seeds-v2"
+
 # LossSpec fields added after trials were first keyed, with the value that computes what
 # trials computed before the field existed. Such a field is left out of the key when the
 # chosen losses do not read it or when it has that value, so results tracked before it
@@ -216,6 +221,8 @@ def trial_key(spec: TrialSpec) -> str:
     exclude["optimization"] = {"gradient_checkpointing"}
     if spec.optimization.micro_batch_size is None:
         exclude["optimization"].add("micro_batch_size")  # added with micro-batched steps
+    if spec.optimization.gradient_accumulation == 1:
+        exclude["optimization"].add("gradient_accumulation")  # added with accumulated steps
     if not spec.optimization.length_bucketing:
         exclude["optimization"].add("length_bucketing")  # added with length-bucketed batches
     if spec.optimization.early_stopping_patience is None:
@@ -236,4 +243,7 @@ def trial_key(spec: TrialSpec) -> str:
     if not augmented or spec.augmentation.redraw == "once" or spec.optimization.epochs == 1:
         exclude["augmentation"].add("redraw")  # one draw, as before per-epoch draws existed
     payload = spec.model_dump_json(exclude=exclude)
-    return stable_key(payload, f"sentences-v{SPLITTER_VERSION}") if augmented else stable_key(payload)
+    versions = [f"sentences-v{SPLITTER_VERSION}"] if augmented else []
+    if spec.sir is not None and spec.sir.variant != "v0" and spec.sir.selection == "random":
+        versions.append(SEEDS_VERSION)  # random selection draws from hashed seeds since then (other draws)
+    return stable_key(payload, *versions)

@@ -1,11 +1,15 @@
 """Robustness to query perturbations (CFT Table 5; METHODS section 7; ROBUSTNESS.md).
 
-Each system (a trial run of ``orchestrate run``, or a sweep cell's winner) was tested on the
-clean test queries (``test_*``) and on each perturbed copy (``robust_<perturbation>_*``,
+Each system (a trial run of ``orchestrate run``, or a sweep's cell winners) was tested on
+the clean test queries (``test_*``) and on each perturbed copy (``robust_<perturbation>_*``,
 only the queries that have a variant). A perturbed set is compared with the clean set **on
 the queries both contain** (the contraction set is a subset), by a paired test on the
 per-query values; systems (losses) are compared with the first row on each set, paired on
 that set's queries.
+
+A row is a system, not a run: a sweep cell trained with several seeds is one row whose
+per-query values are the mean over its seeds (as the grid table averages them), so every
+test pairs one value per query and system; the table says how many seeds each row holds.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from orchestrator.core import schema
 from orchestrator.report.results import RunReader
 from orchestrator.report.tables import Entry, Table
+from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES
 from workloads.significance import TEST_NAMES, paired_test, relative_change, significance_level
 
@@ -38,20 +43,42 @@ class PerturbedMeasure:
         return self.perturbed - self.clean_on_same_queries
 
 
-def _per_query(reader: RunReader, run, target: str) -> dict[str, dict[str, float]] | None:
-    evaluation = reader.per_query(run, schema.target_prefix(target))
-    return None if evaluation is None else evaluation.values
+def _mean_over_runs(per_run: list[dict[str, dict[str, float]]], label: str) -> dict[str, dict[str, float]]:
+    """Metric -> query -> the mean over runs (seeds); runs must have scored the same queries."""
+    if len(per_run) == 1:
+        return per_run[0]
+    out = {}
+    for metric in per_run[0]:
+        queries = set(per_run[0][metric])
+        if any(set(values.get(metric, {})) != queries for values in per_run[1:]):
+            raise InputError(label, f"its seeds were scored on different {metric} queries: they cannot be averaged per query")
+        out[metric] = {q: sum(values[metric][q] for values in per_run) / len(per_run) for q in sorted(queries)}
+    return out
 
 
-def perturbed_vs_clean(reader: RunReader, run, perturbations: list[str], metrics=ROBUSTNESS_METRICS,
-                       test: str = "t") -> list[PerturbedMeasure]:
-    """Every perturbation x measure of one run (those it was evaluated on)."""
-    clean = _per_query(reader, run, schema.TEST)
+def _per_query(reader: RunReader, runs, target: str, label: str = "") -> dict[str, dict[str, float]] | None:
+    """The per-query values of ``target`` for one run, or the mean over several (a system's seeds);
+    None when a run lacks them."""
+    runs = runs if isinstance(runs, (list, tuple)) else [runs]
+    per_run = []
+    for run in runs:
+        evaluation = reader.per_query(run, schema.target_prefix(target)) if run is not None else None
+        if evaluation is None:
+            return None
+        per_run.append(evaluation.values)
+    return _mean_over_runs(per_run, label) if per_run else None
+
+
+def perturbed_vs_clean(reader: RunReader, runs, perturbations: list[str], metrics=ROBUSTNESS_METRICS,
+                       test: str = "t", label: str = "") -> list[PerturbedMeasure]:
+    """Every perturbation x measure of one system (a run, or its seeds' runs: per-query means),
+    those it was evaluated on."""
+    clean = _per_query(reader, runs, schema.TEST, label)
     out = []
     if clean is None:
         return out
     for perturbation in perturbations:
-        perturbed = _per_query(reader, run, schema.perturbed_target(perturbation))
+        perturbed = _per_query(reader, runs, schema.perturbed_target(perturbation), label)
         if perturbed is None:
             continue
         for metric in metrics:
@@ -65,21 +92,28 @@ def perturbed_vs_clean(reader: RunReader, run, perturbations: list[str], metrics
 
 def robustness_table(reader: RunReader, systems: list[tuple[str, object]], perturbations: list[str], title: str,
                      test: str = "t", metrics=ROBUSTNESS_METRICS) -> Table:
-    """Rows: systems (label, MLflow run); columns: clean and each perturbation, per measure.
+    """Rows: systems (label, its MLflow run or the runs of its seeds); columns: clean and each
+    perturbation, per measure.
 
     A perturbed entry shows its value, its change against the clean value **on the same
     queries** in percent, and ``†``/``°`` when that change is significant (95%/90%). The notes
-    give each system against the first row on every column (paired, same queries)."""
+    give each system against the first row on every column (paired, same queries). A system
+    of several seeds is one row: per-query means over its seeds."""
     sets = [CLEAN, *perturbations]
     columns = [f"{name} {DISPLAY_NAMES[m]}" for name in sets for m in metrics]
     values: dict[str, dict[str, dict[str, float]]] = {}  # label -> column -> per-query values
     rows = []
-    for label, run in systems:
-        clean = _per_query(reader, run, schema.TEST) if run is not None else None
-        measured = {(m.perturbation, m.metric): m for m in perturbed_vs_clean(reader, run, perturbations, metrics, test)} if clean else {}
+    seeds = {}
+    for label, runs in systems:
+        if label in values:
+            raise InputError(title, f"two rows are labelled '{label}': a row is one system (its seeds are averaged)")
+        seeds[label] = len(runs) if isinstance(runs, (list, tuple)) else 1
+        clean = _per_query(reader, runs, schema.TEST, label) if runs is not None else None
+        measured = ({(m.perturbation, m.metric): m for m in perturbed_vs_clean(reader, runs, perturbations, metrics, test, label)}
+                    if clean else {})
         entries, mine = [], {}
         for name in sets:
-            per_query = clean if name == CLEAN else (_per_query(reader, run, schema.perturbed_target(name)) if clean else None)
+            per_query = clean if name == CLEAN else (_per_query(reader, runs, schema.perturbed_target(name), label) if clean else None)
             for metric in metrics:
                 column = f"{name} {DISPLAY_NAMES[metric]}"
                 if per_query is None:
@@ -97,6 +131,9 @@ def robustness_table(reader: RunReader, systems: list[tuple[str, object]], pertu
         rows.append(([label], entries))
     notes = [f"Perturbed columns: the change against the clean value on the same queries (the contraction set is a "
              f"subset); † p < 0.05, ° p < 0.10 ({TEST_NAMES[test]}, perturbed vs clean)."]
+    if any(n > 1 for n in seeds.values()):
+        notes.append("A row with several seeds shows per-query means over its seeds (every test pairs those means): "
+                     + ", ".join(f"{label} {n}" for label, n in seeds.items()) + " seed(s).")
     if len(systems) > 1:
         reference = systems[0][0]
         for label, _ in systems[1:]:
@@ -125,7 +162,6 @@ def trial_file_robustness(tracker, path, test: str = "t") -> Table:
     from pathlib import Path
 
     from orchestrator.core.config import load_trials
-    from workloads.errors import InputError
     from workloads.spec import TrialSpec
 
     experiment, specs = load_trials(Path(path), TrialSpec)
@@ -144,14 +180,17 @@ def trials_robustness(tracker, experiment: str, specs, run_ids: list[str | None]
 
 
 def sweep_robustness(results, test: str = "t") -> Table:
-    """The table of a sweep's finished cells (``results``: ``report.results.SweepResults``)."""
+    """The table of a sweep's finished cells (``results``: ``report.results.SweepResults``): one row
+    per system, its seeds averaged per query; a system shows once all its seeds finished."""
     from orchestrator.report.results import STATUS_OK
-    from workloads.errors import InputError
 
     perturbations = list(results.sweep.base.get("robustness") or [])
     if not perturbations:
         raise InputError(results.sweep.name, "base sets no robustness: nothing was tested perturbed")
-    systems = [(" / ".join(v for k, v in c.axes.items() if k != "seed"), c.run) for c in results.cells if c.status == STATUS_OK]
+    groups: dict[str, list] = {}
+    for cell in results.cells:
+        groups.setdefault(" / ".join(v for k, v in cell.axes.items() if k != "seed"), []).append(cell)
+    systems = [(label, [c.run for c in cells]) for label, cells in groups.items() if all(c.status == STATUS_OK for c in cells)]
     return robustness_table(results.reader, systems, perturbations, f"robustness: {results.sweep.name}", test)
 
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
+from workloads.errors import InputError
 from workloads.losses import searchable_parameters
 from workloads.paths import stable_key
-from workloads.spec import FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
+from workloads.spec import LOSS_HYPERPARAMETERS, FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
 
 
 class _Strict(BaseModel):
@@ -138,6 +139,8 @@ class ZeroShotTarget(_Strict):
 
 
 class SweepSpec(_Strict):
+    _source: tuple = PrivateAttr(default=())  # (file, YAML key path -> line) when loaded from a file
+
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     base: dict[str, Any] = Field(description="trial fields shared by every cell (see TrialSpec)")
     grid: GridSpec
@@ -178,41 +181,140 @@ class Cell:
             names.append("sir_levels")
         return tuple(names)
 
+    @property
+    def tags(self) -> dict[str, str]:
+        """MLflow tags of the cell's runs besides its axes: which data trained a supervised selector
+        (``full`` leaks every training query's labels into the cell: SELECTORS.md asks to say so)."""
+        selector = self.spec.augmentation.selector if self.spec is not None else None
+        return {schema.SELECTOR_DATA_TAG: selector.data} if selector is not None else {}
 
-def _cell_axes(model: str, loss: LossCell, augmentation: AugmentationCell, size, seed: int) -> dict[str, str]:
+
+class GridError(ValueError):
+    """A grid whose entries would collapse into one cell: ``entries`` are the (axis, index) pairs involved."""
+
+    def __init__(self, message: str, entries: list[tuple[str, int]]):
+        super().__init__(message)
+        self.entries = entries
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(_flatten(inner, f"{prefix}.{key}" if prefix else key))
+        return out
+    return {prefix: value}
+
+
+def _setting_label(field: str, value: Any) -> str:
+    """How one distinguishing setting shows in a label: ``k=1``, ``full``, ``glove=<file>``."""
+    if field == "selector.data":
+        return str(value)
+    if field.endswith("glove_path") and isinstance(value, str):
+        return f"{field.replace('_path', '')}={Path(value).name}"
+    return f"{field.removesuffix('_')}={value}"
+
+
+def searched_fields(search: SearchSpec, axis: str, entry) -> set[str]:
+    """The fields of a grid entry a sweep's search sets in every cell made from it (the entry's
+    own value is then never used)."""
+    if axis == "augmentations":
+        return {"k"} if entry.method != "none" and search.k is not None else set()
+    names = {n for n in searchable_parameters(entry.loss_spec()) if getattr(search, n) is not None}
+    if entry.sir is not None and entry.sir.variant != "v0" and search.sir_levels is not None:
+        names.add("sir.levels")
+    return names
+
+
+def _base_label(axis: str, entry) -> str:
+    if axis == "losses":
+        return schema.loss_label(entry.loss_spec()) + schema.sir_label(entry.sir)
+    full = entry.selector is not None and entry.selector.data == "full"
+    return entry.method + ("[full]" if full else "")
+
+
+def entry_labels(sweep: SweepSpec, axis: str) -> list[str]:
+    """The label of every entry of ``grid.<axis>`` (losses or augmentations): its name, plus the
+    settings that tell it apart from other entries of the same name (``bm25[k=1]``,
+    ``pointwise+scl[tau=0.2]``). An entry alone under its name keeps its plain name, so a grid
+    that gains no look-alike keeps its cell keys. Raises :class:`GridError` for two entries
+    that would be one cell: identical, or differing only in what the search sets."""
+    entries = getattr(sweep.grid, axis)
+    bases = [_base_label(axis, e) for e in entries]
+    labels = list(bases)
+    for base in dict.fromkeys(bases):
+        members = [i for i, b in enumerate(bases) if b == base]
+        if len(members) == 1:
+            continue
+        settings = {}
+        for i in members:
+            flat = _flatten(entries[i].model_dump(mode="json", by_alias=True))
+            settings[i] = {k: v for k, v in flat.items() if k not in searched_fields(sweep.search, axis, entries[i])}
+        keys = sorted({k for i in members for k in settings[i]})
+        differing = [k for k in keys if len({repr(settings[i].get(k)) for i in members}) > 1]
+        for position, i in enumerate(members):
+            twin = next((j for j in members[:position] if settings[j] == settings[i]), None)
+            if twin is not None:
+                searched = sorted(searched_fields(sweep.search, axis, entries[i]))
+                how = (f"identical apart from {', '.join(searched)}, which the search sets" if searched and
+                       _flatten(entries[i].model_dump(mode="json", by_alias=True)) !=
+                       _flatten(entries[twin].model_dump(mode="json", by_alias=True)) else "identical")
+                raise GridError(f"grid.{axis} entries {twin + 1} and {i + 1} are {how}: they would be one cell "
+                                f"(remove one)", [(axis, twin), (axis, i)])
+            shown = [_setting_label(k, settings[i].get(k)) for k in differing if settings[i].get(k) is not None]
+            labels[i] = f"{base}[{','.join(shown)}]" if shown else base
+    return labels
+
+
+def check_axis_values(sweep: SweepSpec) -> None:
+    """models, sizes and seeds list each value once (a repeated value would be one cell twice)."""
+    for axis in ("models", "sizes", "seeds"):
+        values = getattr(sweep.grid, axis)
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                raise GridError(f"grid.{axis} lists {value!r} twice", [(axis, values.index(value)), (axis, i)])
+
+
+def _cell_axes(model: str, loss_label: str, augmentation_label: str, size, seed: int) -> dict[str, str]:
     """The cell's grid coordinates: the same values as ``schema.axes`` of its trials."""
-    return {"model": model, "loss": schema.loss_label(loss.loss_spec()) + schema.sir_label(loss.sir),
-            "augmentation": augmentation.method, "size": str(size), "seed": str(seed)}
+    return {"model": model, "loss": loss_label, "augmentation": augmentation_label, "size": str(size), "seed": str(seed)}
 
 
 def expand_grid(sweep: SweepSpec) -> list[Cell]:
     """Every cell of the grid, baselines first for each (model, size, seed)."""
+    check_axis_values(sweep)
+    loss_labels, augmentation_labels = entry_labels(sweep, "losses"), entry_labels(sweep, "augmentations")
     cells: list[Cell] = []
     grid = sweep.grid
     baseline_loss = LossCell(ranking=grid.baseline_ranking)
+    baseline_label = schema.loss_label(baseline_loss.loss_spec())
     no_augmentation = AugmentationCell()
     for model in grid.models:
         for size in grid.sizes:
             for seed in grid.seeds:
-                combos = [(baseline_loss, no_augmentation, True)]
-                combos += [(loss, aug, False) for loss in grid.losses for aug in grid.augmentations
+                combos = [(baseline_loss, baseline_label, no_augmentation, "none", True)]
+                combos += [(loss, loss_label, aug, aug_label, False)
+                           for loss, loss_label in zip(grid.losses, loss_labels)
+                           for aug, aug_label in zip(grid.augmentations, augmentation_labels)
                            if not (loss == baseline_loss and aug == no_augmentation)]
-                for loss, augmentation, is_baseline in combos:
-                    cells.append(_make_cell(sweep, model, loss, augmentation, size, seed, is_baseline))
+                for loss, loss_label, augmentation, augmentation_label, is_baseline in combos:
+                    axes = _cell_axes(model, loss_label, augmentation_label, size, seed)
+                    cells.append(_make_cell(sweep, axes, loss, augmentation, is_baseline))
     return cells
 
 
-def _make_cell(sweep: SweepSpec, model: str, loss: LossCell, augmentation: AugmentationCell, size, seed: int,
+def _make_cell(sweep: SweepSpec, axes: dict[str, str], loss: LossCell, augmentation: AugmentationCell,
                is_baseline: bool) -> Cell:
-    axes = _cell_axes(model, loss, augmentation, size, seed)
     key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
+    seed = int(axes["seed"])
+    size = axes["size"] if axes["size"] == "full" else int(axes["size"])
     if loss.contrastive == "infonce" and augmentation.method == "none":
         return Cell(key, axes, None, "infonce needs augmentation", is_baseline)
     trial = dict(sweep.base)
     trial.update({
         "name": f"{sweep.name}.{key}",
         "seed": seed,
-        "model": {"name": model, "max_length": sweep.grid.max_length},
+        "model": {"name": axes["model"], "max_length": sweep.grid.max_length},
         "loss": loss.loss_spec().model_dump(exclude_defaults=True, by_alias=True),
         "augmentation": augmentation.model_dump(exclude_defaults=True, exclude_none=True) if augmentation.method != "none" else {},
         "training_data": {**(sweep.base.get("training_data") or {}), "size": size, "seed": seed},
@@ -222,17 +324,130 @@ def _make_cell(sweep: SweepSpec, model: str, loss: LossCell, augmentation: Augme
     return Cell(key, axes, TrialSpec.model_validate(trial), None, is_baseline)
 
 
+def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
+    """The cell's spec with one sample of its search space applied."""
+    data = spec.model_dump(mode="json")
+    for name, value in params.items():
+        if name == "learning_rate":
+            data["optimization"]["learning_rate"] = value
+        elif name in LOSS_HYPERPARAMETERS:
+            data["loss"][name] = value
+        elif name == "k":
+            data["augmentation"]["k"] = value
+        elif name == "sir_levels":
+            data["sir"]["levels"] = [int(k) for k in str(value).split("-")]
+        else:
+            raise ValueError(f"unknown searched parameter '{name}'")
+    return TrialSpec.model_validate(data)
+
+
+def _search_values(space) -> list:
+    if isinstance(space, FloatRange):
+        return [space.low, space.high]
+    if isinstance(space, Choices):
+        return list(space.choices)
+    return []  # LevelChoices: checked by its own validator
+
+
+def distinct_parameter_sets(cell: Cell, search: SearchSpec) -> int | None:
+    """How many distinct parameter sets a cell's search can draw (None: unbounded, a range)."""
+    count = 1
+    for name in cell.searched:
+        space = getattr(search, name)
+        if space is None:
+            continue
+        if isinstance(space, FloatRange):
+            return None
+        count *= len(space.choices) if isinstance(space, Choices) else len(space.for_levels(len(cell.spec.sir.levels)))
+    return count
+
+
+def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | None:
+    """The first problem of the search against the cells, as (YAML key path, message), or None:
+    a range or choice outside what the field accepts, or a cell that cannot draw
+    ``trials_per_cell`` distinct parameter sets (its trials would repeat one another)."""
+    from pydantic import ValidationError
+
+    runnable = [c for c in cells if c.spec is not None]
+    for name in SearchSpec.model_fields:
+        space = getattr(sweep.search, name)
+        cell = next((c for c in runnable if name in c.searched), None)
+        if cell is None or not isinstance(space, (FloatRange, Choices)):
+            continue
+        shown = "lambda" if name == "lambda_" else name
+        for value in _search_values(space):
+            try:
+                apply_params(cell.spec, {name: value})
+            except ValidationError as exc:
+                problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                return ("search", shown), f"search.{shown}: {value!r} is not a value {shown} can take ({problem})"
+            except (TypeError, ValueError) as exc:
+                return ("search", shown), f"search.{shown}: {value!r} is not a value {shown} can take ({exc})"
+    for cell in runnable:
+        distinct = distinct_parameter_sets(cell, sweep.search)
+        if distinct is not None and distinct < sweep.search.trials_per_cell:
+            searched = ", ".join(n.removesuffix("_") for n in cell.searched if getattr(sweep.search, n) is not None) or "nothing"
+            return (("search", "trials_per_cell"),
+                    f"search.trials_per_cell {sweep.search.trials_per_cell}: cell {'/'.join(cell.axes.values())} can draw "
+                    f"only {distinct} distinct parameter set(s) ({searched} searched): its trials would repeat one another")
+    return None
+
+
 def load_sweep(path: Path) -> SweepSpec:
-    """A sweep file, validated with every cell's trial spec (the base is checked through them);
-    errors name the file and the line."""
+    """A sweep file, validated with every cell's trial spec (the base is checked through them)
+    and its search against the cells; errors name the file and the line."""
     from pydantic import ValidationError
 
     from orchestrator.core.config import input_error, read_yaml, validate
 
-    data, lines = read_yaml(Path(path))
-    sweep = validate(data, SweepSpec, Path(path), lines)
+    path = Path(path)
+    data, lines = read_yaml(path)
+    sweep = validate(data, SweepSpec, path, lines)
     try:
-        expand_grid(sweep)
+        cells = expand_grid(sweep)
+    except GridError as exc:
+        where = [lines.get(("grid", axis, index)) for axis, index in exc.entries]
+        shown = " and ".join(str(line) for line in where if line is not None)
+        raise InputError(f"{path}:{where[-1]}" if where[-1] else path, f"{exc}" + (f" (lines {shown})" if shown else "")) from None
     except ValidationError as exc:
-        raise input_error(exc, Path(path), lines, under=("base",)) from None
+        raise input_error(exc, path, lines, under=("base",)) from None
+    problem = check_search(sweep, cells)
+    if problem is not None:
+        key, message = problem
+        line = lines.get(key) or lines.get(("search",))
+        raise InputError(f"{path}:{line}" if line else path, message)
+    sweep._source = (path, lines)
+    check_targets(sweep, cells, query_ids=False)
     return sweep
+
+
+def yaml_location(sweep: SweepSpec, *keys: tuple) -> str:
+    """``FILE:LINE`` of the first of ``keys`` found in the sweep's YAML (``FILE`` alone, or the
+    sweep's name, when the sweep did not come from a file)."""
+    if not sweep._source:
+        return sweep.name
+    path, lines = sweep._source
+    line = next((lines[k] for k in keys if k in lines), None)
+    return f"{path}:{line}" if line else str(path)
+
+
+def check_targets(sweep: SweepSpec, cells: list[Cell], query_ids: bool = True) -> None:
+    """Every evaluation target (the test data, its perturbed copies, each zero-shot collection)
+    is held out from the training and validation queries: by configuration, and with
+    ``query_ids`` by the queries of local collections (nothing is prepared). A target that is
+    not is an error naming its YAML line."""
+    from orchestrator.core.lifecycle import target_overlap, targets
+
+    cell = next((c for c in cells if c.spec is not None), None)
+    if cell is None:
+        return
+    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
+    evaluation_targets = targets(cell.spec, zero_shot)
+    own = len(evaluation_targets) - len(zero_shot)
+    for index, target in enumerate(evaluation_targets):
+        problem = target_overlap(cell.spec, target, query_ids)
+        if problem is None:
+            continue
+        keys = ((("zero_shot", index - own),) if index >= own else
+                (("base", "data", "test_split"), ("base", "data", "test_collection"), ("base", "data")))
+        raise InputError(yaml_location(sweep, *keys), problem + ": a test must be held out (choose another split or collection)")

@@ -40,7 +40,7 @@ from orchestrator.core.lifecycle import (
     training_summary,
 )
 from orchestrator.core.tracking import Tracker
-from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid
+from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, expand_grid
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.search import (
     COUNTED,
@@ -53,6 +53,7 @@ from orchestrator.sweep.search import (
     requeue_interrupted,
     stop_file,
 )
+from workloads.errors import InputError
 from workloads.logs import configure as configure_logging
 from workloads.logs import get_logger
 from workloads.spec import TrialSpec
@@ -83,9 +84,8 @@ class SweepPaths:
 
 
 def sweep_paths(sweep: SweepSpec, storage_root: Path) -> SweepPaths:
-    root = Path(storage_root).resolve() / sweep.name
-    root.mkdir(parents=True, exist_ok=True)
-    return SweepPaths(root)
+    """Where the sweep's state lives (nothing is created: the sweep itself creates it)."""
+    return SweepPaths(Path(storage_root).resolve() / sweep.name)
 
 
 # ----------------------------------------------------------------------------- plan
@@ -170,6 +170,52 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     }
 
 
+def preflight(sweep: SweepSpec) -> list[str]:
+    """What would stop the sweep before it computes anything, found without preparing: a model
+    that cannot load here (not a directory, or not in the Hugging Face cache while downloads
+    are off), a collection that is neither local nor an ir_datasets id, a GloVe or run file
+    that does not exist. One line each; the sweep itself stops at the first."""
+    from workloads.augmentation.scorers import resolve_glove_path
+    from workloads.collections import local_directory
+    from workloads.models.cross_encoder import require_model_available
+
+    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    problems: dict[str, None] = {}
+
+    def check(call, *args) -> None:
+        try:
+            call(*args)
+        except InputError as exc:
+            problems[str(exc)] = None
+
+    for model in dict.fromkeys(c.spec.model.name for c in cells):
+        check(require_model_available, model)
+    references = [sweep.base.get("data", {}).get("collection"), sweep.base.get("data", {}).get("test_collection"),
+                  *(t.collection for t in sweep.zero_shot)]
+    for reference in dict.fromkeys(r for r in references if r):
+        if local_directory(reference) is None:
+            check(_require_known_dataset, reference)
+    for path in dict.fromkeys(c.spec.augmentation.glove_path for c in cells if c.spec.augmentation.glove_path):
+        check(resolve_glove_path, path)
+    for cell in cells[:1]:
+        fs = [cell.spec.first_stage, *(t.first_stage for t in sweep.zero_shot if t.first_stage)]
+        for path in dict.fromkeys(f.path for f in fs if f.path):
+            if not Path(path).expanduser().is_file():
+                problems[f"{path}: first_stage path: no such run file"] = None
+    return list(problems)
+
+
+def _require_known_dataset(reference: str) -> None:
+    """An ir_datasets id it knows (nothing is downloaded: loading an id reads its registry only)."""
+    try:
+        import ir_datasets
+
+        ir_datasets.load(reference)
+    except KeyError:
+        raise InputError(reference, "unknown dataset: not a local directory, not under $ORCHESTRATE_DATA_DIR, "
+                                    "not an ir_datasets id") from None
+
+
 # ----------------------------------------------------------------------------- one Tune trial
 
 
@@ -237,7 +283,7 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                 # is a param, not a new loss label)
                 tags = {schema.PARENT_TAG: cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
                         schema.SWEEP_TAG: sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
-                        **schema.axes(spec), **config.get("axes", {})}
+                        **schema.axes(spec), **config.get("axes", {}), **config.get("tags", {})}
                 params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
                 self.runs[trial.trial_id] = tracker.start_trial_run(experiment_id, config["train_run"], key, params, tags)
             return self.runs[trial.trial_id]
@@ -296,7 +342,8 @@ def mark_pruned(tracker: Tracker, run_id: str, epoch: int, wall: float | None = 
 def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: list[Cell]) -> dict[str, str]:
     """Find or create the run of every runnable cell under the sweep run."""
     tracker.client.update_run(tracker.sweep_run(experiment_id, sweep.name), status="RUNNING")
-    return {cell.key: tracker.cell_run(experiment_id, sweep.name, cell.key, {**cell.axes, "collection": cell.spec.data.collection},
+    return {cell.key: tracker.cell_run(experiment_id, sweep.name, cell.key,
+                                       {**cell.axes, "collection": cell.spec.data.collection, **cell.tags},
                                        cell.is_baseline, {"axes": cell.axes, "searched": list(cell.searched),
                                                           "spec": cell.spec.model_dump(mode="json", by_alias=True)})
             for cell in cells}
@@ -413,6 +460,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     # tuner.fit had returned, onto the terminal): Ray's output goes to the log file for the
     # whole sweep, and this process's Ray session ends inside, flushing what is left there.
     paths = sweep_paths(sweep, storage_root)
+    paths.root.mkdir(parents=True, exist_ok=True)
     with _noise_to(None if verbose else paths.log_file):
         try:
             return _run_sweep(sweep, tracker, paths, ray_address, verbose)
@@ -431,6 +479,7 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     if not cells:
         raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")
+    check_targets(sweep, cells)  # held out by their queries too, before anything is prepared
     log.info("preparing data for %d cells", len(cells))
     selectors = selectors_needed([c.spec for c in cells])
     for selector in selectors:

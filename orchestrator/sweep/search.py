@@ -17,8 +17,7 @@ import optuna
 from ray.tune.search import Searcher
 
 from orchestrator.core.schema import OBJECTIVE
-from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec
-from workloads.spec import LOSS_HYPERPARAMETERS, TrialSpec
+from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
@@ -39,23 +38,6 @@ def sample(trial: optuna.Trial, cell: Cell, search: SearchSpec) -> dict[str, flo
         elif isinstance(space, LevelChoices) and (options := space.for_levels(len(cell.spec.sir.levels))):
             params[name] = trial.suggest_categorical(name, options)  # Optuna categories are scalars: "48-16"
     return params
-
-
-def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
-    """The cell's spec with one sample of its search space applied."""
-    data = spec.model_dump(mode="json")
-    for name, value in params.items():
-        if name == "learning_rate":
-            data["optimization"]["learning_rate"] = value
-        elif name in LOSS_HYPERPARAMETERS:
-            data["loss"][name] = value
-        elif name == "k":
-            data["augmentation"]["k"] = value
-        elif name == "sir_levels":
-            data["sir"]["levels"] = [int(k) for k in str(value).split("-")]
-        else:
-            raise ValueError(f"unknown searched parameter '{name}'")
-    return TrialSpec.model_validate(data)
 
 
 def make_pruner(search: SearchSpec) -> optuna.pruners.BasePruner:
@@ -136,8 +118,8 @@ class CellStudiesSearcher(Searcher):
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
             spec = apply_params(cell.spec, params)
-            return {"cell": cell.key, "axes": cell.axes, "optuna_trial": trial.number, "train_run": train_run, "params": params,
-                    "spec": spec.model_dump(mode="json"), **self.extra_config}
+            return {"cell": cell.key, "axes": cell.axes, "tags": cell.tags, "optuna_trial": trial.number, "train_run": train_run,
+                    "params": params, "spec": spec.model_dump(mode="json"), **self.extra_config}
         return Searcher.FINISHED if not self.live else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

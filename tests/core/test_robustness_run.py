@@ -51,9 +51,16 @@ def test_run_tests_every_perturbed_set_and_the_report_compares_them_with_clean(t
         contraction = json.loads(open(local).read())["per_query"]["ap"]
         # only "what is a cat" has a contraction variant: the perturbed set is that subset
         assert set(contraction) == set(perturb_queries(test_queries, "contraction")) == {"Q2"}
-        # the perturbed queries reached the re-ranker: the run's ranking is of the variant's candidates
-        assert set(json.loads(open(client.download_artifacts(run.info.run_id, "per_query/robust_typo.json",
-                                                             str(tmp_path))).read())["per_query"]["ap"]) == {"Q2", "Q5"}
+        # the perturbed queries reached the re-ranker: the texts it was tested on are the variants, not the originals
+        def tested_texts(target, run=run):
+            path = client.download_artifacts(run.info.run_id, f"queries/{target}.tsv", str(tmp_path / run.info.run_id))
+            return dict(line.split("\t") for line in open(path, encoding="utf-8").read().splitlines())
+
+        assert tested_texts("test") == test_queries
+        for perturbation in ("punctuation", "typo", "contraction"):
+            expected = perturb_queries(test_queries, perturbation)
+            assert tested_texts(f"robust_{perturbation}") == expected
+            assert all(expected[q] != test_queries[q] for q in expected)
 
     report = orchestrate("report", str(path), "--robustness")
     assert "clean AP" in report and "contraction P@1" in report and "mhl-tml vs mhl:" in report

@@ -61,3 +61,59 @@ def test_the_table_shows_clean_and_perturbed_map_and_p_at_1_and_compares_systems
     assert "Queries: clean 4, typo 4, contraction 2." in table.notes
     text = render_markdown(table)
     assert "| mhl | 0.6875 | 0.5000 |" in text and "missing" in text
+
+
+SEED_14 = {  # a second seed of each system, with values of its own
+    "mhl": {"test_": {"ap": {"q1": 0.5, "q2": 1.0, "q3": 0.5, "q4": 0.25}, "p_at_1": {"q1": 0.0, "q2": 1.0, "q3": 0.0, "q4": 0.0}},
+            "robust_typo_": {"ap": {"q1": 1.0, "q2": 0.25, "q3": 0.5, "q4": 0.5},
+                             "p_at_1": {"q1": 1.0, "q2": 0.0, "q3": 0.0, "q4": 0.0}}},
+    "tml": {"test_": {"ap": {"q1": 0.25, "q2": 0.5, "q3": 1.0, "q4": 1.0}, "p_at_1": {"q1": 0.0, "q2": 0.0, "q3": 1.0, "q4": 1.0}},
+            "robust_typo_": {"ap": {"q1": 0.5, "q2": 0.5, "q3": 1.0, "q4": 0.2},
+                             "p_at_1": {"q1": 0.0, "q2": 0.0, "q3": 1.0, "q4": 0.0}}},
+}
+
+
+def _mean(*tables):
+    return {m: {q: sum(t[m][q] for t in tables) / len(tables) for q in tables[0][m]} for m in tables[0]}
+
+
+def test_a_system_of_two_seeds_is_one_row_of_per_query_means():
+    """Each seed's values differ: the row, its perturbed-vs-clean test and its comparison with the
+    reference all use the per-query means over the seeds (not the last seed's values, and the
+    reference is never compared with its own second seed)."""
+    reader = _Reader({"mhl-13": {"test_": CLEAN, "robust_typo_": TYPO}, "mhl-14": SEED_14["mhl"],
+                      "tml-13": {"test_": OTHER_CLEAN, "robust_typo_": CLEAN}, "tml-14": SEED_14["tml"]})
+    table = robustness_table(reader, [("mhl", ["mhl-13", "mhl-14"]), ("mhl+tml", ["tml-13", "tml-14"])], ["typo"], "t")
+    assert [keys for keys, _ in table.rows] == [["mhl"], ["mhl+tml"]]
+    mhl_clean, mhl_typo = _mean(CLEAN, SEED_14["mhl"]["test_"]), _mean(TYPO, SEED_14["mhl"]["robust_typo_"])
+    tml_clean = _mean(OTHER_CLEAN, SEED_14["tml"]["test_"])
+    mhl = dict(zip(table.columns, table.rows[0][1]))
+    assert mhl["clean AP"].value == pytest.approx(sum(mhl_clean["ap"].values()) / 4)
+    assert mhl["typo AP"].value == pytest.approx(sum(mhl_typo["ap"].values()) / 4)
+    assert mhl["typo AP"].p_value == pytest.approx(paired_test(mhl_typo["ap"], mhl_clean["ap"]).p_value)
+    between = next(n for n in table.notes if n.startswith("mhl+tml vs mhl"))
+    expected = paired_test(tml_clean["ap"], mhl_clean["ap"])
+    assert f"clean AP {expected.difference:+.4f} (p = {expected.p_value:.3g})" in between
+    assert not any(n.startswith("mhl vs mhl") for n in table.notes)
+    assert any("per-query means over its seeds" in n and "mhl 2" in n for n in table.notes)
+
+
+def test_a_sweeps_robustness_rows_are_systems_with_their_seeds():
+    from types import SimpleNamespace
+
+    from orchestrator.report.results import STATUS_OK
+    from orchestrator.report.robustness import sweep_robustness
+
+    def cell(loss, seed, run, status=STATUS_OK):
+        return SimpleNamespace(axes={"model": "m", "loss": loss, "augmentation": "none", "size": "full", "seed": seed},
+                               run=run, status=status)
+
+    reader = _Reader({"mhl-13": {"test_": CLEAN, "robust_typo_": TYPO}, "mhl-14": SEED_14["mhl"],
+                      "tml-13": {"test_": OTHER_CLEAN, "robust_typo_": CLEAN}, "tml-14": SEED_14["tml"]})
+    results = SimpleNamespace(sweep=SimpleNamespace(name="s", base={"robustness": ["typo"]}), reader=reader,
+                              cells=[cell("mhl", "13", "mhl-13"), cell("mhl", "14", "mhl-14"), cell("tml", "13", "tml-13"),
+                                     cell("tml", "14", "tml-14", status="running")])
+    table = sweep_robustness(results)
+    assert [keys for keys, _ in table.rows] == [["m / mhl / none / full"]]  # tml waits for its second seed
+    row = dict(zip(table.columns, table.rows[0][1]))
+    assert row["clean AP"].value == pytest.approx(sum(_mean(CLEAN, SEED_14["mhl"]["test_"])["ap"].values()) / 4)

@@ -76,3 +76,36 @@ def test_k_per_level_is_searched_among_schedules_of_the_cells_depth():
     assert "sir_levels" not in sample(study.ask(), baseline, search)  # V0 has no levels
     with pytest.raises(ValueError, match="levels must shrink"):
         sweep.search.model_validate({"sir_levels": {"choices": [[4, 4]]}})
+
+
+@pytest.mark.slow  # a real sweep: Ray Tune, Ray Train, MLflow (about two minutes)
+def test_a_tiny_sir_grid_runs_v0_and_a_curriculum_to_the_end(tmp_path, tiny_model_dir, scifact_dir):
+    import yaml
+
+    from tests.helpers import by_kind, mlflow_runs, orchestrate
+
+    config = {"name": "tiny-sir",
+              "base": {"data": {"collection": "beir/scifact", "validation_queries": 5},
+                       "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
+                       "training_data": {"negatives": 7},
+                       "optimization": {"epochs": 1, "batching": "per_query", "batch_size": 16},
+                       "resources": {"workers": 1, "cpus_per_worker": 1}},
+              "grid": {"models": [str(tiny_model_dir)], "max_length": 64, "baseline_ranking": "sir",
+                       "losses": [{"ranking": "sir", "sir": {"variant": "v3", "levels": [4, 2]}}],
+                       "augmentations": [{"method": "none"}], "sizes": [32]},
+              "search": {"trials_per_cell": 1, "pruner": "none", "learning_rate": {"choices": [1.0e-3]}}}
+    path = tmp_path / "tiny-sir.yaml"
+    path.write_text(yaml.safe_dump(config))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = orchestrate(tmp_path, "sweep", str(path), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = mlflow_runs(uri, "tiny-sir")
+    cells = {r.data.tags["loss"]: r for r in by_kind(runs, "cell")}
+    assert set(cells) == {"sir", "sir@v3[4-2]"} and all(r.info.status == "FINISHED" for r in cells.values())
+    trials = {r.data.tags["loss"]: r for r in by_kind(runs, "trial")}
+    assert trials["sir@v3[4-2]"].data.params["sir.variant"] == "v3" and trials["sir"].data.params["sir"] == "None"
+    assert trials["sir@v3[4-2]"].data.params["sir.levels"] == "[4, 2]"
+    for loss, run in cells.items():  # each winner tested on the test data, with the first stage beside it
+        assert 0 <= run.data.metrics["test_ndcg_at_10"] <= 1 and "bm25_test_ndcg_at_10" in run.data.metrics, loss
+    # V3's level losses add L_M to V0's L_1: a larger training loss from the same start
+    assert trials["sir@v3[4-2]"].data.metrics["train_loss"] > trials["sir"].data.metrics["train_loss"]

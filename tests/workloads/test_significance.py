@@ -91,3 +91,24 @@ def test_relative_change_in_percent():
     assert relative_change(0.33, 0.30) == pytest.approx(10.0)
     assert relative_change(0.27, 0.30) == pytest.approx(-10.0)
     assert relative_change(0.1, 0.0) is None  # undefined, not infinite
+
+
+@pytest.mark.parametrize("test", PAIRED_TESTS)
+def test_queries_are_paired_by_id_whatever_the_order_of_either_dict(test, constructed):
+    baseline, better, _ = constructed
+    a = _per_query(better)
+    b = dict(reversed(list(_per_query(baseline).items())))  # the same queries, inserted in the other order
+    result = paired_test(a, b, test)
+    assert result.p_value == pytest.approx(_scipy_p(test, better, baseline), rel=1e-9, abs=1e-12)
+    # pairing by position would compare each query with another one: a different answer
+    misaligned = _scipy_p(test, better, baseline[::-1])
+    assert abs(result.p_value - misaligned) > 1e-3
+
+
+def test_differences_at_rounding_level_are_no_difference():
+    a = _per_query(np.linspace(0.1, 0.9, len(QUERIES)))
+    rounded = {q: v + 1e-9 for q, v in a.items()}  # the same measures, summed in another order
+    for test in PAIRED_TESTS:
+        assert paired_test(rounded, a, test).p_value == 1.0
+    noisy = {q: v + (1e-12 if i % 2 else -1e-12) + 0.1 for i, (q, v) in enumerate(a.items())}
+    assert paired_test(noisy, a, "t").p_value == 0.0  # a constant 0.1 up to rounding: zero variance

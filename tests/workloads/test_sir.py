@@ -91,6 +91,52 @@ def test_the_curriculum_loss_per_variant_by_hand():
     assert listwise == pytest.approx(-math.log(softmax(SCORES)[0]) - math.log(survivors_second[0]), rel=1e-6)
 
 
+def _levels_rescorer(levels):
+    """Each later level re-scores its survivors with its own scores (by pair index), in order."""
+    calls = iter(levels)
+
+    def score(index):
+        level = next(calls)
+        return torch.tensor([level[i] for i in index.tolist()])
+
+    return score
+
+
+def test_the_curriculum_loss_over_four_levels_with_survivors_out_of_position():
+    """1 + 5 -> 4 -> 3 -> 2: the survivors of each level are not its first entries, so a
+    conditional probability aligned by position instead of by pair, a V3 that sums every
+    level instead of L_1 + L_M, and a V4 that sums only the first and last levels all differ
+    from these hand values."""
+    structure = block_batch((5,)).structure
+    level1 = [1.0, 0.5, 3.0, -1.0, 2.0, 0.0]          # pairs 0 (positive) .. 5
+    # level 2 keeps the positive and the 3 hardest: pairs 2 (3.0), 4 (2.0), 1 (0.5): [0, 1, 2, 4]
+    level2 = {0: 0.2, 1: 2.5, 2: -0.5, 4: 1.0}       # level 3 keeps pairs 1 (2.5) and 4 (1.0): [0, 1, 4]
+    level3 = {0: 1.0, 1: 0.0, 4: 2.0}                # level 4 keeps pair 4: [0, 4]
+    level4 = {0: 0.3, 4: -0.2}
+    survivors = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 4], [0, 1, 4], [0, 4]]
+    scores = [dict(enumerate(level1)), level2, level3, level4]
+    p = [dict(zip(ids, softmax([level[i] for i in ids]))) for ids, level in zip(survivors, scores)]
+    terms = [eq1([p[i][j] for j in ids]) for i, ids in enumerate(survivors)]
+
+    def cpr(i):  # level i's conditional probabilities: the product of every level's P of the same pairs
+        product = [math.prod(p[level][j] for level in range(i + 1)) for j in survivors[i]]
+        return [x / sum(product) for x in product]
+
+    def loss(variant, ranking="sir"):
+        spec = SIRSpec(variant=variant, levels=[4, 3, 2])
+        return curriculum_loss(_levels_rescorer(scores[1:]), torch.tensor(level1), structure, spec, ranking).item()
+
+    assert loss("v0") == pytest.approx(terms[0], rel=1e-6)
+    assert loss("v3") == pytest.approx(terms[0] + terms[3], rel=1e-5)
+    assert loss("v4") == pytest.approx(sum(eq1(cpr(i)) for i in range(4)), rel=1e-5)
+    assert loss("v3", "listwise") == pytest.approx(-math.log(p[0][0]) - math.log(p[3][0]), rel=1e-5)
+    # the three readings the audit's mutants took are far from these values
+    assert abs(loss("v3") - sum(terms)) > 0.1
+    assert abs(loss("v4") - eq1(cpr(0)) - eq1(cpr(3))) > 0.1
+    by_position = [softmax(level1)[:4][k] * p[1][j] for k, j in enumerate(survivors[1])]  # P_1 of positions 0-3
+    assert abs(eq1(cpr(1)) - eq1([x / sum(by_position) for x in by_position])) > 0.01
+
+
 def test_the_curriculum_reaches_the_network_through_every_level():
     structure = block_batch((3, 3)).structure
     weight = torch.tensor(1.0, requires_grad=True)
@@ -137,7 +183,7 @@ def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_mo
     def too_big(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(training, "optimization_step", too_big)
+    monkeypatch.setattr(training, "accumulated_step", too_big)
     with pytest.raises(training.StepOutOfMemoryError, match=r"lower optimization.batch_size .* or training_data.negatives "
                                                         r"\(block size\), set optimization.gradient_checkpointing: true"):
         training.train_cross_encoder(spec, prepared.training, lambda *a: None)
@@ -199,7 +245,7 @@ def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, st
     import workloads.training as training
 
     first_weights, reports = {}, []
-    real_step = training.optimization_step
+    real_step = training.accumulated_step
 
     def recording_step(wrapped, objective, *args, **kwargs):
         first_weights.setdefault(id(objective), {k: v.detach().clone() for k, v in objective.model.state_dict().items()})
@@ -212,7 +258,7 @@ def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, st
         if stop_after is not None and metrics["epoch"] == stop_after:
             raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(training, "optimization_step", recording_step)
+    monkeypatch.setattr(training, "accumulated_step", recording_step)
     try:
         training.train_cross_encoder(spec, prepared.training, report, resume_from=resume_from)
     except KeyboardInterrupt:
@@ -276,18 +322,57 @@ def test_a_v1_trial_killed_in_stage_2_resumes_in_stage_2(tmp_path, tiny_model_di
     assert torch.load(rest2[0][1] / "training_state.pt", weights_only=False)["kept"] == stage2_blocks
 
 
-@pytest.mark.parametrize("variant", ["v0", "v3", "v4"])
-def test_a_tiny_sir_trial_in_process(tmp_path, tiny_model_dir, scifact_dir, variant):
+def test_tiny_sir_trials_in_process_tell_the_variants_apart(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
+    """V0, V3 and V4 from the same initial weights, seed and first batch: level 1's forward is
+    the same in all three (same dropout draws), so the first step's loss is L_1 for V0 and
+    L_1 plus a positive term for V3 (L_M) and V4 (every later level's CPR term), and V3 and V4
+    differ."""
+    import workloads.training as training
     from workloads.spec import TrialSpec
     from workloads.trial import run_trial_in_process
 
-    spec = TrialSpec.model_validate({
-        "name": f"sir-{variant}", "data": {"collection": "beir/scifact", "validation_queries": 5},
-        "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
-        "training_data": {"negatives": 7, "size": 32}, "model": {"name": str(tiny_model_dir), "max_length": 64},
-        "loss": {"ranking": "sir"}, "optimization": {"batching": "per_query", "batch_size": 16, "learning_rate": 1e-3,
-                                                     "gradient_checkpointing": variant == "v4"},
-        "sir": {"variant": variant, "levels": [4, 2]}})
-    _, records, tested = run_trial_in_process(spec, tmp_path / "checkpoints")
-    assert math.isfinite(records[0].metrics["train_loss"]) and records[0].metrics["train_loss"] > 0
-    assert tested.evaluation.num_queries == 300
+    first_loss = {}
+    real_step = training.accumulated_step
+
+    def recording_step(*args, **kwargs):
+        loss = real_step(*args, **kwargs)
+        first_loss.setdefault(variant, float(loss))
+        return loss
+
+    monkeypatch.setattr(training, "accumulated_step", recording_step)
+    for variant in ("v0", "v3", "v4"):
+        spec = TrialSpec.model_validate({
+            "name": f"sir-{variant}", "data": {"collection": "beir/scifact", "validation_queries": 5},
+            "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
+            "training_data": {"negatives": 7, "size": 32}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+            "loss": {"ranking": "sir"}, "optimization": {"batching": "per_query", "batch_size": 16, "learning_rate": 1e-3,
+                                                         "gradient_checkpointing": variant == "v4"},
+            "sir": {"variant": variant, "levels": [4, 2]}})
+        _, records, tested = run_trial_in_process(spec, tmp_path / variant)
+        assert math.isfinite(records[0].metrics["train_loss"]) and records[0].metrics["train_loss"] > 0
+        assert tested.evaluation.num_queries == 300
+    assert first_loss["v3"] > first_loss["v0"] + 1e-3 and first_loss["v4"] > first_loss["v0"] + 1e-3
+    assert abs(first_loss["v4"] - first_loss["v3"]) > 1e-3
+
+
+def test_a_trained_compressor_chooses_the_next_stage_by_its_own_scores(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
+    """V2 with top selection: the negatives kept for stage 2 are, per row, the ones the stage-1
+    compressor (its checkpoint, eval mode) scores highest, not a random draw."""
+    from workloads.models.cross_encoder import CrossEncoder, score_pairs
+    from workloads.trial import prepare_trial
+
+    spec = _staged_spec(tiny_model_dir, "v2")
+    spec = spec.model_copy(update={"sir": spec.sir.model_copy(update={"selection": "top"})})
+    prepared = prepare_trial(spec)
+    _, reports = _train_recording(spec, prepared, monkeypatch, tmp_path, stop_after=1)
+    kept = torch.load(reports[0][1] / "training_state.pt", weights_only=False)["next_kept"]
+    compressor = CrossEncoder.from_pretrained(str(reports[0][1]), 64).eval()
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(prepared.training.training_set).to_pylist()
+    assert len(kept) == len(rows)
+    for row, survivors in zip(rows, kept):
+        scores = score_pairs(compressor, [row["query"]] * len(row["negatives"]), row["negatives"], 64,
+                             torch.device("cpu"), precision="fp32")
+        top = sorted(range(len(scores)), key=lambda j: (-scores[j], j))[:3]  # levels[0] = 4: the positive + 3
+        assert survivors == sorted(top)

@@ -181,3 +181,112 @@ def test_fused_adamw_is_the_same_update(tiny_model_dir):
         assert torch.allclose(a, b, rtol=0, atol=1e-6)
     meta = torch.nn.Parameter(torch.empty(3, device="meta"))
     assert adamw([{"params": [meta]}], lr=1e-2).defaults["fused"] is None
+
+
+def _no_dropout_objective(model_dir, tmp_path):
+    """A copy of the tiny model with dropout off, as a pointwise objective (BCE: a mean over pairs)."""
+    from transformers import AutoConfig, AutoModel
+
+    from workloads.models.cross_encoder import CrossEncoder
+    from workloads.training import TrainingObjective
+
+    path = tmp_path / "no-dropout"
+    if not path.exists():
+        config = AutoConfig.from_pretrained(model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        AutoModel.from_pretrained(model_dir, config=config).save_pretrained(path)
+        CrossEncoder.from_pretrained(str(model_dir)).tokenizer.save_pretrained(path)
+    torch.manual_seed(0)
+    model = CrossEncoder.from_pretrained(str(path), max_length=32)
+    return TrainingObjective(model, build_loss(LossSpec(), model.encoder.config.hidden_size), None), path
+
+
+def test_k_accumulated_batches_make_the_update_of_one_batch_k_times_as_large(tiny_model_dir, tmp_path):
+    from workloads.training import accumulated_step
+
+    plain = [{k: v for k, v in row.items() if not k.startswith("augmented")} for row in ROWS]
+    updated = []
+    for micro in ([plain], [plain[:2], plain[2:]], [plain[:1], plain[1:2], plain[2:3], plain[3:]]):
+        objective, _ = _no_dropout_objective(tiny_model_dir, tmp_path)
+        # SGD: the update is lr x the (clipped) gradient, so equal updates mean equal gradients (Adam's first
+        # step divides each gradient by its own magnitude and would blow float noise of ~0 gradients up)
+        optimizer = torch.optim.SGD(objective.parameters(), lr=0.1)
+        scheduler, scaler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), torch.amp.GradScaler("cuda", enabled=False)
+        steps = []
+        for rows in micro:
+            batch = triples_to_batch(rows)
+            steps.append((objective.model.encode(batch.queries, batch.documents).inputs, batch.structure))
+        loss = accumulated_step(objective, objective, optimizer, scheduler, scaler, steps, 1.0)
+        updated.append((float(loss), [p.detach().clone() for p in objective.parameters()]))
+    start = [p.detach() for p in _no_dropout_objective(tiny_model_dir, tmp_path)[0].parameters()]
+    whole_loss, whole = updated[0]
+    assert any(not torch.equal(a, b) for a, b in zip(whole, start))  # it stepped
+    for loss, params in updated[1:]:
+        assert loss == pytest.approx(whole_loss, abs=1e-6)  # the mean of the batches' means = the whole batch's mean
+        for a, b in zip(params, whole):
+            assert torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
+def _accumulating_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str) -> None:
+    from workloads.training import accumulated_step
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    objective = make_objective(model_dir)
+    wrapped = torch.nn.parallel.DistributedDataParallel(objective)
+    synced_at: list[int] = []
+    current = [0]
+
+    def counting_hook(state, bucket):  # DDP's gradient all-reduce, per bucket
+        synced_at.append(current[0])
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        return allreduce_hook(None, bucket)
+
+    wrapped.register_comm_hook(None, counting_hook)
+    optimizer, scheduler, scaler = optimizer_for(objective, 0.01)
+    micro = []
+    for rows in (ROWS[:2], ROWS[2:]) if rank == 0 else (ROWS[1:3], ROWS[3:] + ROWS[:1]):
+        batch = triples_to_batch(rows)
+        micro.append((objective.model.encode(batch.queries, batch.documents).inputs, batch.structure))
+    accumulated_step(wrapped, objective, optimizer, scheduler, scaler, micro, 1.0,
+                     before_each=lambda index: current.__setitem__(0, index))
+    torch.save({"synced_at": synced_at, "params": [p.detach() for p in objective.parameters()]}, f"{out_dir}/acc-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_data_parallel_accumulation_syncs_once_on_the_last_batch(tiny_model_dir, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_accumulating_worker, args=(2, str(tiny_model_dir), port, str(tmp_path)), nprocs=2, join=True)
+    first, second = torch.load(tmp_path / "acc-0.pt"), torch.load(tmp_path / "acc-1.pt")
+    assert first["synced_at"] and set(first["synced_at"]) == {1}  # only the last of the 2 batches all-reduced
+    for a, b in zip(first["params"], second["params"]):  # and both workers stepped with the averaged gradient
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_micro_batched_step_replays_each_micro_batchs_own_dropout(tiny_model_dir):
+    """Micro-batches smaller than the step with dropout on: the gradient equals a plain chunked
+    forward under the same RNG stream (each chunk draws its own masks, in order), which a replay
+    of one chunk's RNG state for every chunk would not give."""
+    from workloads.training import TrainingObjective
+
+    objective = make_objective(tiny_model_dir)
+    batch = triples_to_batch(ROWS)  # 16 pairs
+    pairs = objective.model.encode(batch.queries, batch.documents)
+    objective.train()
+
+    class Chunked(TrainingObjective):  # the reference: the same chunks, in order, with plain autograd
+        def pairs(self, inputs):
+            n = next(iter(inputs.values())).shape[0]
+            out = [self.encode_pairs({k: v[s:s + 5] for k, v in inputs.items()}) for s in range(0, n, 5)]
+            return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+    reference = Chunked(objective.model, objective.loss_fn, None)
+    expected = _step_gradients(reference, pairs.inputs, batch.structure, None, seed=5)
+    _assert_same(_step_gradients(objective, pairs.inputs, batch.structure, 5, seed=5), expected)
+    plain = _step_gradients(objective, pairs.inputs, batch.structure, None, seed=5)  # one forward: other masks
+    assert not torch.allclose(plain[1]["model.score_head.weight"], expected[1]["model.score_head.weight"])

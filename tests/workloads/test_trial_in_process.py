@@ -93,3 +93,50 @@ def test_a_requested_stop_ends_training_after_the_current_step(tmp_path, tiny_mo
     train_cross_encoder(spec, prepared.training, keep, stop_requested=stop_requested)
     assert [m["epoch"] for m in reports] == [1]
     assert asked == [0, 0, 0, 0, 1]  # every step of epoch 1 (4 steps of 8 pairs), then the first of epoch 2
+
+
+def test_gradient_accumulation_in_the_loop_counts_optimizer_steps(tmp_path, tiny_model_dir, scifact_dir):
+    """Batches of 4 pairs accumulated 2 at a time train like batches of 8: the same optimizer steps
+    (and schedule), the same per-step losses (a mean loss, no dropout) and nearly the same weights."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from workloads.models.cross_encoder import CrossEncoder
+    from workloads.training import STATE_FILE, train_cross_encoder
+    from workloads.trial import prepare_trial
+
+    model_dir = tmp_path / "no-dropout"
+    config = AutoConfig.from_pretrained(tiny_model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    AutoModel.from_pretrained(tiny_model_dir, config=config).save_pretrained(model_dir)
+    CrossEncoder.from_pretrained(str(tiny_model_dir)).tokenizer.save_pretrained(model_dir)
+    runs = {}
+    for batch_size, accumulation in ((8, 1), (4, 2)):
+        spec = TrialSpec.model_validate({
+            "name": f"acc{accumulation}", "data": {"collection": "beir/scifact", "validation_queries": 5},
+            "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+            "training_data": {"size": 32, "seed": 3}, "model": {"name": str(model_dir), "max_length": 64},
+            "optimization": {"epochs": 2, "batch_size": batch_size, "gradient_accumulation": accumulation,
+                             "learning_rate": 1e-3, "warmup_ratio": 0.5},
+        })
+        reports = []
+
+        def keep(metrics, checkpoint, name=spec.name, reports=reports):
+            shutil.copytree(checkpoint, tmp_path / name / f"epoch-{int(metrics['epoch'])}")
+            reports.append(metrics)
+
+        train_cross_encoder(spec, prepare_trial(spec).training, keep)
+        state = torch.load(tmp_path / spec.name / "epoch-1" / STATE_FILE, weights_only=False)
+        weights = CrossEncoder.from_pretrained(str(tmp_path / spec.name / "epoch-2")).score_head.weight.detach()
+        runs[accumulation] = (reports, state["scheduler"]["last_epoch"], weights)
+    (whole, whole_steps, whole_weights), (accumulated, steps, weights) = runs[1], runs[2]
+    assert whole_steps == steps == 4  # 16 triples: 4 steps of 4 triples, or of 2 x 2 accumulated
+    for a, b in zip(whole, accumulated):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
+    from workloads.training import seed_everything
+
+    seed_everything(13)  # as the loop does before it builds the model: the head's initial weights
+    start = CrossEncoder.from_pretrained(str(model_dir)).score_head.weight.detach()
+    assert (whole_weights - start).norm() > 1e-4  # it trained
+    assert (weights - whole_weights).norm() <= 1e-3 * (whole_weights - start).norm()

@@ -64,7 +64,13 @@ def test_the_real_wikiqa_split_counts():
               for split, qrels in collection.qrels.items()}
     # (questions, candidate rows, correct answers): PROVENANCE.md's numbers
     assert counts == {"train": (2118, 20360, 1040), "dev": (122, 1126, 136), "dev-unfiltered": (296, 2733, 140),
-                      "test": (237, 2341, 283), "test-unfiltered": (633, 6165, 293)}
+                      "test": (237, 2341, 283), "test-unfiltered": (633, 6165, 293),
+                      "dev-answered": (126, 1130, 140), "test-answered": (243, 2351, 293)}
+    # the answered sets, counted from the official TSV itself: every question with a correct candidate
+    for split in ("dev", "test"):
+        rows = [line.split("\t") for line in (path / f"WikiQA-{split}.tsv").read_text().splitlines()[1:]]
+        assert set(collection.split_qrels(f"{split}-answered")) == {r[0] for r in rows if r[6].strip() == "1"}
+        assert collection.given[f"{split}-answered"].keys() == collection.split_qrels(f"{split}-answered").keys()
     answered = sum(1 for q in collection.split_qrels("train").values() if any(q.values()))
     assert answered == 873
     # the filtered sets: at least one correct and one incorrect candidate per question
