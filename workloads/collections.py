@@ -32,13 +32,14 @@ import hashlib
 import io
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from workloads.errors import InputError
-from workloads.paths import data_dir
+from workloads.paths import cache_dir, data_dir, stable_key
 
 Qrels = dict[str, dict[str, int]]  # query id -> doc id -> graded relevance
 
@@ -157,8 +158,11 @@ def _read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[dict]:
 
 def read_beir_corpus(path: Path) -> dict[str, Document]:
     corpus: dict[str, Document] = {}
-    for record in _read_jsonl(path, ("_id", "text")):
+    for number, record in enumerate(_read_jsonl(path, ("_id", "text")), 1):
         doc_id = str(record["_id"])
+        if doc_id in corpus:
+            raise InputError(path, f"document '{doc_id}' appears twice (record {number}): which text is meant? "
+                                   "give every document one _id")
         corpus[doc_id] = Document(doc_id, str(record.get("title") or ""), str(record["text"] or ""))
     if not corpus:
         raise InputError(path, "empty corpus: no documents")
@@ -527,6 +531,48 @@ def same_collection(first: str, second: str) -> bool:
     if a is not None or b is not None:
         return a == b
     return first.strip("/") == second.strip("/")
+
+
+def collection_identity(ref: str) -> str:
+    """What a collection's results depend on, without loading it: for a local directory, the
+    content of its files (hashed once per set of file sizes and modification times, and
+    remembered in the cache), with the identity of a corpus its ``collection.yaml`` names; for
+    an ir_datasets id, the id and the ir_datasets version (its files are versioned by the
+    library). Stored with results, it tells whether they describe today's data."""
+    local = local_directory(ref)
+    if local is None:
+        try:
+            import ir_datasets
+
+            version = ir_datasets.__version__
+        except ImportError:
+            version = "?"
+        return stable_key("ir_datasets", ref.strip("/"), version)
+    files = sorted(p for p in local.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    stats = [(str(p.relative_to(local)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    remembered = cache_dir() / "identity" / f"{stable_key(str(local), stats)}.json"
+    if remembered.exists():
+        return json.loads(remembered.read_text())["identity"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(local)).encode() + b"\x00")
+        with open(path, "rb") as handle:
+            for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                digest.update(block)
+    parts = [digest.hexdigest()]
+    properties = local / COLLECTION_FILE
+    if properties.is_file():
+        corpus = (read_collection_file(properties).get("corpus") or "")
+        if corpus:
+            parts.append(collection_identity(str(local / corpus) if (local / corpus).is_dir() else corpus))
+    identity = stable_key(*parts)
+    if cache_dir().is_dir():  # remembered where a cache exists (a command that only reads creates none)
+        remembered.parent.mkdir(parents=True, exist_ok=True)
+        temporary = remembered.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"directory": str(local), "identity": identity}))
+        temporary.replace(remembered)
+    return identity
 
 
 def resolve_collection(ref: str) -> Collection:

@@ -13,11 +13,22 @@ from workloads.errors import InputError
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
+class DuplicateKey(ValueError):
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(f"{key}: set twice (first at line {first}): YAML would keep the last silently")
+        self.line = line
+
+
 def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
-    """Map every key path of a composed YAML document to its 1-based line."""
+    """Map every key path of a composed YAML document to its 1-based line; a key that appears
+    twice in one mapping is an error (YAML loaders keep the last one without a word)."""
     lines = {path: node.start_mark.line + 1}
     if isinstance(node, yaml.MappingNode):
+        seen: dict[object, int] = {}
         for key, value in node.value:
+            if key.value in seen and key.tag != "tag:yaml.org,2002:merge":
+                raise DuplicateKey(".".join(str(p) for p in (*path, key.value)), key.start_mark.line + 1, seen[key.value])
+            seen[key.value] = key.start_mark.line + 1
             child = path + (key.value,)
             lines[child] = key.start_mark.line + 1
             lines.update({k: v for k, v in _line_index(value, child).items() if k != child})
@@ -33,6 +44,9 @@ def read_yaml(path: Path) -> tuple[dict, dict[tuple, int]]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}", f"not UTF-8 text (byte {exc.object[exc.start]:#x} at offset {exc.start})") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -43,7 +57,35 @@ def read_yaml(path: Path) -> tuple[dict, dict[tuple, int]]:
         raise InputError(where, f"malformed YAML: {problem}") from None
     if not isinstance(data, dict):
         raise InputError(path, "expected a YAML mapping at the top level")
-    return data, _line_index(node) if node is not None else {}
+    try:
+        lines = _line_index(node) if node is not None else {}
+    except DuplicateKey as exc:
+        raise InputError(f"{path}:{exc.line}", str(exc)) from None
+    return resolve_paths(data, path.parent), lines
+
+
+# Keys whose values are file or directory paths; relative ones resolve against the YAML file's
+# directory when they exist there, so a file means the same wherever the command runs.
+PATH_KEYS = {"collection", "test_collection", "path", "glove_path"}
+
+
+def resolve_paths(data, base: Path):
+    """``data`` with every relative path under :data:`PATH_KEYS` that exists next to the YAML
+    file made absolute (normalised: one spelling, one cache entry). Names that are not such
+    paths (``beir/scifact``, ``glove/glove.6B.50d...``, ir_datasets ids) stay as they are and
+    resolve as before (``$ORCHESTRATE_DATA_DIR``, ir_datasets)."""
+    if isinstance(data, list):
+        return [resolve_paths(item, base) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        if key in PATH_KEYS and isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            candidate = (base / value).resolve()
+            out[key] = str(candidate) if candidate.exists() else value
+        else:
+            out[key] = resolve_paths(value, base)
+    return out
 
 
 def _describe(error: dict) -> str:
@@ -108,6 +150,9 @@ def load_trials(path: Path, model: type[SpecT]) -> tuple[str, list[SpecT]]:
         raise InputError(path, "a trial file needs 'name' (text), 'base' (a mapping) and 'trials' (name -> overrides)")
     specs = []
     for trial_name, override in trials.items():
+        if override is not None and not isinstance(override, dict):
+            raise InputError(f"{path}:{lines.get(('trials', trial_name), '?')}",
+                             f"trials.{trial_name}: expected a mapping of overrides, got {override!r}")
         merged = _deep_merge(base, override or {})
         merged["name"] = f"{name}.{trial_name}"
         # error lines: the override's key if it set it, else the base's

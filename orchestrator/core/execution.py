@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orchestrator.core.schema import OBJECTIVE
+from workloads.errors import InputError
 from workloads.logs import LEVEL_ENV
 from workloads.logs import configure as configure_logging
 from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
@@ -92,6 +93,78 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if port is not None and not str(context.dashboard_url or "").endswith(f":{port}"):
         logger.warning("Ray's dashboard did not start on port %d (%s): Ray Train may wait on a stale "
                        "cluster address at the end of each trial", port, context.dashboard_url or "not started")
+
+
+RAY_CONNECT_TIMEOUT_SECONDS = 5.0
+
+
+def check_ray_address(address: str | None) -> None:
+    """A Ray address that does not answer within seconds is one line (Ray's client would retry
+    its GCS connection for minutes). ``auto`` and no address at all need no check."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://").rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(address, "not a Ray address (host:port, ray://host:port or auto)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_SECONDS):
+            pass
+    except OSError as exc:
+        raise InputError(address, f"no Ray cluster answers there within {RAY_CONNECT_TIMEOUT_SECONDS:.0f} s "
+                                  f"({exc.strerror or exc}): start it (ray start --head, ray up) or fix --address") from None
+
+
+def check_resources(spec) -> None:
+    """A trial whose worker asks more than any node of the cluster has (``cpus_per_worker`` CPUs,
+    a GPU with ``use_gpu: true``) would wait forever (Ray Train retries its worker start-up):
+    one line instead. A cluster that scales up is judged by its largest node type (the
+    autoscaler's configuration, :func:`largest_node`)."""
+    largest = largest_node()
+    cpus, gpus = largest.get("CPU", 0), largest.get("GPU", 0)
+    needed_gpu = spec.resources.use_gpu is True
+    where = "the cluster's largest node" + (" type" if largest.get("_from_autoscaler") else "")
+    if spec.resources.cpus_per_worker > cpus:
+        raise InputError(f"{spec.name}: resources.cpus_per_worker {spec.resources.cpus_per_worker:g}",
+                         f"{where} has {cpus:g} CPUs: a worker could never start (lower cpus_per_worker)")
+    if needed_gpu and gpus < 1:
+        raise InputError(f"{spec.name}: resources.use_gpu true", f"{where} has no GPU: a worker could never start "
+                                                                 "(use_gpu: auto uses one where there is one)")
+
+
+def largest_node() -> dict:
+    """The resources of the largest node a worker could land on: the live nodes', or, where Ray's
+    autoscaler can start more, its node types' (``available_node_types`` of the cluster file)."""
+    import ray
+
+    best: dict = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            resources = node.get("Resources", {})
+            if resources.get("CPU", 0) + 1000 * resources.get("GPU", 0) > best.get("CPU", 0) + 1000 * best.get("GPU", 0):
+                best = dict(resources)
+    for resources in autoscaler_node_types().values():
+        if resources.get("CPU", 0) + 1000 * resources.get("GPU", 0) > best.get("CPU", 0) + 1000 * best.get("GPU", 0):
+            best = {**resources, "_from_autoscaler": True}
+    return best
+
+
+def autoscaler_node_types() -> dict[str, dict]:
+    """Node type -> resources of the nodes the cluster's autoscaler can start, from the
+    autoscaling configuration the head serves (empty without an autoscaler: a local Ray)."""
+    import json
+
+    import ray
+
+    try:
+        raw = ray.experimental.internal_kv._internal_kv_get("__autoscaling_config", namespace="__autoscaler")
+    except Exception:  # no such key, or an internal API that moved: judge by the live nodes
+        return {}
+    if not raw:
+        return {}
+    node_types = json.loads(raw).get("available_node_types", {})
+    return {name: dict(config.get("resources", {})) for name, config in node_types.items()}
 
 
 def _free_port() -> int:

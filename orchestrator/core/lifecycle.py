@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core import schema
-from orchestrator.core.execution import EpochResult, init_ray, submit_evaluation, train_on_ray
+from orchestrator.core.execution import EpochResult, check_resources, init_ray, submit_evaluation, train_on_ray
 from orchestrator.core.tracking import Tracker
+from workloads.errors import InputError
 from workloads.evaluation import Evaluation
 from workloads.reranking import Reranking
 from workloads.retrieval.bm25 import write_trec_run
@@ -102,6 +103,37 @@ def target_overlap(spec: TrialSpec, target: Target, query_ids: bool = True) -> s
             return (f"target {target.label} shares {len(shared)} queries with the {role} split '{seen}' of "
                     f"{data.collection} (e.g. '{shared[0]}')")
     return None
+
+
+def _first_stage_file(first_stage) -> str:
+    from workloads.paths import stable_key
+
+    if first_stage is None or first_stage.path is None:
+        return ""
+    path = Path(first_stage.path).expanduser()
+    return stable_key(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else ""
+
+
+def training_data_identity(spec: TrialSpec) -> str:
+    """The identity of the data a trial trains and validates on (its collection's files, a run
+    file it reads), recorded on its run: a finished trial is reused only for the same data."""
+    from workloads.collections import collection_identity
+    from workloads.paths import stable_key
+
+    return stable_key(collection_identity(spec.data.collection), _first_stage_file(spec.first_stage))
+
+
+def test_data_identity(evaluation_targets: Sequence[Target]) -> str:
+    """The identity of the data of every target (collections and their first stages' files)."""
+    from workloads.collections import collection_identity
+    from workloads.paths import stable_key
+
+    parts = []
+    for target in evaluation_targets:
+        data = target.spec.data
+        parts += [collection_identity(data.test_collection or data.collection), data.test_split,
+                  _first_stage_file(data.test_first_stage or target.spec.first_stage)]
+    return stable_key(*parts)
 
 
 # ----------------------------------------------------------------------------- training
@@ -338,6 +370,10 @@ def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path
         log.info("selector %s: chosen epoch %d of %d, val nDCG@10 %.4f, test nDCG@10 %.4f", selector.name,
                  int(best.metrics["epoch"]), len(epochs), best.metrics[schema.OBJECTIVE],
                  tested.evaluation.aggregate["ndcg_at_10"])
+    except KeyboardInterrupt:
+        tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})  # a rerun resumes it from its last epoch
+        tracker.finish(run_id, "KILLED")
+        raise
     except BaseException as exc:
         tracker.fail(run_id, "error", exc)  # never reported as complete; a rerun resumes it
         raise
@@ -347,18 +383,67 @@ def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path
 # ----------------------------------------------------------------------------- `orchestrate run`
 
 
+def preflight_trial(spec: TrialSpec) -> list[str]:
+    """What would stop a trial before it computes anything, found without preparing: a model
+    that cannot load here, a collection that is neither local nor an ir_datasets id, a GloVe or
+    run file that does not exist. One line each."""
+    from workloads.augmentation.scorers import resolve_glove_path
+    from workloads.collections import local_directory
+    from workloads.models.cross_encoder import require_model_available
+
+    problems: dict[str, None] = {}
+
+    def check(call, *args) -> None:
+        try:
+            call(*args)
+        except InputError as exc:
+            problems[str(exc)] = None
+
+    check(require_model_available, spec.model.name)
+    for reference in dict.fromkeys(r for r in (spec.data.collection, spec.data.test_collection) if r):
+        if local_directory(reference) is None:
+            check(require_known_dataset, reference)
+    for path in (spec.augmentation.glove_path, spec.augmentation.selector.glove_path if spec.augmentation.selector else None):
+        if path:
+            check(resolve_glove_path, path)
+    for first_stage in (spec.first_stage, spec.data.test_first_stage):
+        if first_stage is not None and first_stage.path and not Path(first_stage.path).expanduser().is_file():
+            problems[f"{first_stage.path}: first_stage path: no such run file"] = None
+    return list(problems)
+
+
+def require_known_dataset(reference: str) -> None:
+    """An ir_datasets id it knows (nothing is downloaded: loading an id reads its registry only)."""
+    try:
+        import ir_datasets
+
+        ir_datasets.load(reference)
+    except KeyError:
+        raise InputError(reference, "unknown dataset: not a local directory, not under $ORCHESTRATE_DATA_DIR, "
+                                    "not an ir_datasets id") from None
+
+
 def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address: str | None = None,
               force: bool = False, experiment: str | None = None) -> TrialResult:
     """One trial end to end as one MLflow run. The same trial (same resolved config, whatever its
-    name) finished in any experiment of this store is reused, not recomputed (``force`` reruns)."""
+    name) finished in any experiment of this store on the same data is reused, not recomputed
+    (``force`` reruns). A finished run of the same configuration on data that has changed since
+    keeps its results under a stale identity, and the trial runs again."""
     key = schema.trial_key(spec)
     evaluation_targets = targets(spec)
     names = [t.name for t in evaluation_targets]
+    data = training_data_identity(spec)
+    test_data = test_data_identity(evaluation_targets)
     finished = tracker.find_run(None, key, status="FINISHED")
     if finished is not None and not force:
-        log.info("trial %s already finished in MLflow run %s (experiment %s): reusing its results (--force reruns)",
-                 key, finished.info.run_id, finished.info.experiment_id)
-        return TrialResult.from_metrics(finished.info.run_id, True, dict(finished.data.metrics), names)
+        recorded = (finished.data.tags.get(schema.DATA_TAG, data), finished.data.tags.get(schema.TEST_DATA_TAG, test_data))
+        if recorded == (data, test_data):
+            log.info("trial %s already finished in MLflow run %s (experiment %s): reusing its results (--force reruns)",
+                     key, finished.info.run_id, finished.info.experiment_id)
+            return TrialResult.from_metrics(finished.info.run_id, True, dict(finished.data.metrics), names)
+        log.info("trial %s finished in MLflow run %s on data that has changed since: running it again (that run stays, "
+                 "marked stale)", key, finished.info.run_id)
+        tracker.set_tags(finished.info.run_id, {schema.TRIAL_KEY_TAG: f"{key}@stale", schema.STALE_TAG: "true"})
 
     started = time.perf_counter()
     log.info("preparing data for trial %s (%s)", spec.name, key)
@@ -375,17 +460,20 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
     prepare_seconds = time.perf_counter() - started
 
     experiment_id = tracker.experiment_id(experiment or spec.name)  # written only once the inputs are known good
-    run_id = tracker.start_trial_run(experiment_id, spec.name, key, schema.flat_params(spec), schema.axes(spec))
+    run_id = tracker.start_trial_run(experiment_id, spec.name, key, schema.flat_params(spec),
+                                     {**schema.axes(spec), schema.DATA_TAG: data, schema.TEST_DATA_TAG: test_data})
     try:
         tracker.log_metrics(run_id, prepared.first_stage_validation, prefix=schema.first_stage_prefix("val"))
         tracker.log_json(run_id, "", "data_stats.json", prepared.data_stats)
         tracker.log_json(run_id, "", "config.json", spec.model_dump(mode="json"))
 
         init_ray(ray_address)
+        check_resources(spec)
         train_started = time.perf_counter()
         # Train V2 restores a run from storage by name: a crashed attempt resumes from its last
-        # epoch checkpoint; --force starts a fresh run instead of restoring the finished one.
-        run_name = f"{spec.name}-{key}" + (f"-{int(time.time())}" if force else "")
+        # epoch checkpoint; its data's identity is part of the name, so a run on changed data
+        # starts afresh; --force starts a fresh run instead of restoring the finished one.
+        run_name = f"{spec.name}-{key}-{data[:8]}" + (f"-{int(time.time())}" if force else "")
         epochs = train_on_ray(spec, prepared.training, storage_path, run_name)
         train_wall = time.perf_counter() - train_started
         summary, best = log_training(tracker, run_id, epochs)
@@ -400,6 +488,10 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
                                      schema.TIME_TRIAL: time.perf_counter() - started})
         tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: best.checkpoint})
         tracker.finish(run_id, "FINISHED")
+    except KeyboardInterrupt:
+        tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})  # resumed from its checkpoint by the next run
+        tracker.finish(run_id, "KILLED")
+        raise
     except BaseException as exc:
         tracker.fail(run_id, "error", exc)  # partial results are never reported as complete
         raise

@@ -14,6 +14,7 @@ each supervised selector a sweep trains is a run of kind ``selector`` under the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,18 +23,74 @@ import time
 from pathlib import Path
 
 from orchestrator.core import schema
+from workloads.errors import InputError
 from workloads.evaluation import Evaluation
 from workloads.logs import LEVEL_ENV
 
 
 def default_tracking_uri() -> str:
-    root = Path.cwd() / ".orchestrate"
-    root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}"
+    return f"sqlite:///{Path.cwd() / '.orchestrate' / 'mlflow.db'}"
 
 
 def resolve_tracking_uri(cli_value: str | None) -> str:
     return cli_value or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+# Schemes MLflow's client takes for a tracking store (SQLAlchemy databases, a server, its file store).
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
+SERVER_TIMEOUT_SECONDS = 5.0
+
+
+def sqlite_path(uri: str) -> Path | None:
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def check_sqlite_file(path: Path, what: str) -> None:
+    """A SQLite file that cannot be read as a database is one line naming it (it stays untouched)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            connection.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise InputError(path, f"cannot read this {what} ({exc}): it is left as it is; move it away to start afresh") from None
+
+
+def open_tracker(cli_value: str | None, write: bool = True) -> Tracker | None:
+    """The tracking store of ``--tracking-uri`` (or $MLFLOW_TRACKING_URI, or SQLite in
+    ``.orchestrate/``), checked before anything uses it: a scheme MLflow takes, a SQLite file
+    that is a database, a server that answers within seconds. ``write=False`` (a command that
+    only reads) creates nothing and returns None when a SQLite store does not exist yet."""
+    uri = resolve_tracking_uri(cli_value)
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
+    if scheme not in TRACKING_SCHEMES:
+        raise InputError(uri, f"not a tracking URI MLflow takes (schemes: {', '.join(TRACKING_SCHEMES)}; e.g. "
+                              "sqlite:///path/mlflow.db or http://host:5000)")
+    path = sqlite_path(uri)
+    if path is not None:
+        if path.exists():
+            check_sqlite_file(path, "MLflow store")
+        elif not write:
+            return None
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    elif scheme in ("http", "https"):
+        check_server(uri)
+    return Tracker(uri)
+
+
+def check_server(uri: str) -> None:
+    """An MLflow tracking server that does not answer its health check within seconds is one line
+    (MLflow's client would retry for minutes)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT_SECONDS) as response:
+            response.read(64)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InputError(uri, f"no MLflow tracking server answers there within {SERVER_TIMEOUT_SECONDS:.0f} s ({reason})") from None
 
 
 class Tracker:
@@ -89,6 +146,7 @@ class Tracker:
         if previous is not None and previous.info.status != "FINISHED":
             run_id = previous.info.run_id
             self.client.update_run(run_id, status="RUNNING")
+            self.resumed(run_id)
             return run_id
         run = self.client.create_run(experiment_id, run_name=run_name,
                                      tags={schema.TRIAL_KEY_TAG: trial_key, schema.KIND_TAG: kind, **tags})
@@ -167,6 +225,11 @@ class Tracker:
             tags[schema.ERROR_TAG] = (text.splitlines()[-1] if text else type(error).__name__)[:500]
         self.set_tags(run_id, tags)
         self.finish(run_id, "FAILED")
+
+    def resumed(self, run_id: str) -> None:
+        """A run taken up again after Ctrl-C: no longer marked interrupted."""
+        if schema.INTERRUPTED_TAG in self.client.get_run(run_id).data.tags:
+            self.client.delete_tag(run_id, schema.INTERRUPTED_TAG)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)

@@ -27,7 +27,7 @@ from orchestrator.report.tables import (
     transfer_table,
     zero_shot_table,
 )
-from orchestrator.sweep.grid import SweepSpec
+from orchestrator.sweep.grid import SweepSpec, check_owner
 from workloads.errors import InputError
 from workloads.logs import get_logger
 
@@ -71,6 +71,7 @@ class ReportRequest:
     transfer: bool = False
     select: dict[str, str] = field(default_factory=dict)
     plots: bool = True
+    log_to_mlflow: bool = False  # the files and the table also on the sweep run (the sweep logs its own report)
 
 
 @dataclass
@@ -80,10 +81,11 @@ class ReportOutput:
 
 
 def load_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
-    results = load_sweep_results(sweep, tracker)
-    if results.experiment_id is None:
+    experiment = tracker.client.get_experiment_by_name(sweep.name)
+    if experiment is None:
         raise InputError(sweep.name, f"no MLflow experiment '{sweep.name}' in {tracker.uri}: run the sweep first")
-    return results
+    check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}")
+    return load_sweep_results(sweep, tracker)
 
 
 def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, request: ReportRequest) -> ReportOutput:
@@ -93,7 +95,6 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
     renderer = RENDERERS[request.output_format]
     for results in all_results:
         out_dir = Path(out_root) / results.sweep.name
-        out_dir.mkdir(parents=True, exist_ok=True)
         prefix = results.prefix_for(request.collection)
         label = next(lbl for lbl, p in results.evaluation_targets() if p == prefix)
         _log(f"{results.sweep.name}: reading per-query values of {sum(c.status == STATUS_OK for c in results.cells)} "
@@ -101,6 +102,7 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         tables: list[tuple[str, Table]] = [("table", grid_table(results, prefix, label, request.rows, request.cols, request.options))]
         if request.zero_shot:
             tables.append(("zero-shot", zero_shot_table(results, request.options, request.select)))
+        out_dir.mkdir(parents=True, exist_ok=True)  # once the tables exist: bad options write nothing
         sweep_files: list[Path] = []
         for stem, table in tables:
             blocks.append(renderer(table, request.options.digits))
@@ -112,13 +114,14 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
             blocks.append(selectors)
         if request.output_format != "csv":
             blocks.append(search_line(tracker, results))
-        _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][1], request.options.digits))
+        if request.log_to_mlflow:
+            _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][1], request.options.digits))
         files += sweep_files
     if request.transfer:
         table = transfer_table(all_results, request.options, request.select)
         blocks.append(renderer(table, request.options.digits))
         transfer_dir = Path(out_root) / "transfer"
-        transfer_dir.mkdir(parents=True, exist_ok=True)
+        transfer_dir.mkdir(parents=True, exist_ok=True)  # after the table: bad options write nothing
         files += _write_table(table, transfer_dir / f"transfer-{request.options.metric}", request.options.digits)
     return ReportOutput("\n".join(blocks), files)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core import schema
-from orchestrator.core.lifecycle import collection_label
+from orchestrator.core.lifecycle import collection_label, targets, test_data_identity
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid
 from workloads.errors import InputError
@@ -27,6 +27,8 @@ STATUS_LABELS = {
     "pending": "pending",     # no MLflow run yet
     "running": "running",     # search or winner evaluation not finished
     "failed": "failed",       # every trial failed, or the evaluation failed
+    "interrupted": "interrupted",  # stopped by Ctrl-C: rerunning the sweep resumes it
+    "stale": "stale",         # tested on data that has changed since: rerunning the sweep tests it again
     "missing": "missing",     # finished, but never evaluated on this collection / metric
 }
 AGGREGATE_TOLERANCE = 1e-9
@@ -183,15 +185,22 @@ def load_sweep_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
         runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'",
                                           max_results=50_000)
     by_key = {r.data.tags.get(schema.TRIAL_KEY_TAG): r for r in runs}
+    cells = expand_grid(sweep)
+    runnable = next((c for c in cells if c.spec is not None), None)
+    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
+    test_data = test_data_identity(targets(runnable.spec, zero_shot)) if runnable is not None and runs else None
     results = []
-    for cell in expand_grid(sweep):
+    for cell in cells:
         run = by_key.get(cell.key)
         if cell.spec is None:
             status = "unavailable"
         elif run is None:
             status = "pending"
         elif run.info.status == "FINISHED":
-            status = STATUS_OK
+            recorded = run.data.tags.get(schema.TEST_DATA_TAG)
+            status = "stale" if recorded and recorded != test_data else STATUS_OK
+        elif run.data.tags.get(schema.INTERRUPTED_TAG) == "true":
+            status = "interrupted"
         elif run.info.status in ("FAILED", "KILLED"):
             status = "failed"
         else:
@@ -204,7 +213,7 @@ def load_sweep_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
 
 SYSTEM_AXES = ("model", "loss", "augmentation", "size")
 # Which status a system of several seeds shows when its seeds disagree: the least finished.
-_STATUS_ORDER = ("failed", "running", "pending", "missing", "unavailable", STATUS_OK)
+_STATUS_ORDER = ("failed", "stale", "interrupted", "running", "pending", "missing", "unavailable", STATUS_OK)
 
 
 @dataclass

@@ -8,7 +8,7 @@ LaTeX or CSV, so every format shows the same numbers, markers and emphasis:
   against that baseline is significant (``†`` at 95%, ``°`` at 90%), optionally corrected
   (Holm or Bonferroni) across every comparison of the table;
 - per row, the best value in bold and the second best underlined (ties share the mark);
-- a cell without a number shows its state (failed, pending, running, missing, n/a), never 0.
+- a cell without a number shows its state (failed, stale, interrupted, pending, running, missing, n/a), never 0.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def _legend(options: TableOptions, num_tested: int, num_queries: int | None, col
         f"{DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}; in parentheses the change against the baseline "
         "(same model and size, no augmentation, plain ranking loss) in percent.",
         f"† p < 0.05, ° p < 0.10: {TEST_NAMES[options.test]}{queries} against the baseline{corrected}.",
-        "Best per row in bold, second underlined. failed / pending / running / missing / n/a: no number (never 0).",
+        "Best per row in bold, second underlined. failed / stale / interrupted / pending / running / missing / n/a: no number "
+        "(never 0).",
     ]
 
 

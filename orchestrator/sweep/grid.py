@@ -8,6 +8,7 @@ a cell is the cell's trial spec with one sample of its search space applied.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -419,6 +420,26 @@ def load_sweep(path: Path) -> SweepSpec:
     sweep._source = (path, lines)
     check_targets(sweep, cells, query_ids=False)
     return sweep
+
+
+def sweep_file(sweep: SweepSpec) -> Path | None:
+    return Path(sweep._source[0]).resolve() if sweep._source else None
+
+
+def check_owner(sweep: SweepSpec, recorded: str | None, where: str) -> bool:
+    """Whether the store of this sweep's name belongs to this sweep's file. Another file that
+    still exists owns it: one line, naming both. A recorded file that no longer exists (moved
+    or renamed) is taken over (returns True: record the new one)."""
+    mine = sweep_file(sweep)
+    if mine is None or recorded is None or Path(recorded) == mine:
+        return recorded is None and mine is not None
+    if Path(recorded).exists():
+        raise InputError(mine, f"sweep name '{sweep.name}' is already used in {where} by {recorded}: two sweep files of "
+                               "one name would share cells, trials and reports; rename one (name:) or use another "
+                               "--storage / --tracking-uri")
+    logging.getLogger("rerank_lab.sweep").info("sweep %s: its file moved from %s to %s; the store follows it", sweep.name,
+                                              recorded, mine)
+    return True
 
 
 def yaml_location(sweep: SweepSpec, *keys: tuple) -> str:

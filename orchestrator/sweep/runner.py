@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -36,11 +37,13 @@ from orchestrator.core.lifecycle import (
     selectors_needed,
     submit_evaluations,
     targets,
+    test_data_identity,
     timing,
+    training_data_identity,
     training_summary,
 )
 from orchestrator.core.tracking import Tracker
-from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, expand_grid
+from orchestrator.sweep.grid import Cell, SweepSpec, check_owner, check_targets, expand_grid, sweep_file
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.search import (
     COUNTED,
@@ -171,49 +174,25 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
 
 
 def preflight(sweep: SweepSpec) -> list[str]:
-    """What would stop the sweep before it computes anything, found without preparing: a model
-    that cannot load here (not a directory, or not in the Hugging Face cache while downloads
-    are off), a collection that is neither local nor an ir_datasets id, a GloVe or run file
-    that does not exist. One line each; the sweep itself stops at the first."""
-    from workloads.augmentation.scorers import resolve_glove_path
-    from workloads.collections import local_directory
-    from workloads.models.cross_encoder import require_model_available
+    """What would stop the sweep before it computes anything, found without preparing (see
+    :func:`~orchestrator.core.lifecycle.preflight_trial`): every distinct model, collection,
+    GloVe and run file of its cells and zero-shot targets. One line each."""
+    from orchestrator.core.lifecycle import preflight_trial
 
-    cells = [c for c in expand_grid(sweep) if c.spec is not None]
     problems: dict[str, None] = {}
-
-    def check(call, *args) -> None:
-        try:
-            call(*args)
-        except InputError as exc:
-            problems[str(exc)] = None
-
-    for model in dict.fromkeys(c.spec.model.name for c in cells):
-        check(require_model_available, model)
-    references = [sweep.base.get("data", {}).get("collection"), sweep.base.get("data", {}).get("test_collection"),
-                  *(t.collection for t in sweep.zero_shot)]
-    for reference in dict.fromkeys(r for r in references if r):
-        if local_directory(reference) is None:
-            check(_require_known_dataset, reference)
-    for path in dict.fromkeys(c.spec.augmentation.glove_path for c in cells if c.spec.augmentation.glove_path):
-        check(resolve_glove_path, path)
-    for cell in cells[:1]:
-        fs = [cell.spec.first_stage, *(t.first_stage for t in sweep.zero_shot if t.first_stage)]
-        for path in dict.fromkeys(f.path for f in fs if f.path):
-            if not Path(path).expanduser().is_file():
-                problems[f"{path}: first_stage path: no such run file"] = None
+    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    seen: set[tuple] = set()
+    for cell in cells:
+        spec = cell.spec
+        what = (spec.model.name, spec.augmentation.glove_path, spec.augmentation.selector)
+        if what not in seen:
+            seen.add(what)
+            problems.update(dict.fromkeys(preflight_trial(spec)))
+    for target in (targets(cells[0].spec, _zero_shot(sweep)) if cells else []):
+        data = target.spec.data
+        if data.test_collection:
+            problems.update(dict.fromkeys(p for p in preflight_trial(target.spec) if p not in problems))
     return list(problems)
-
-
-def _require_known_dataset(reference: str) -> None:
-    """An ir_datasets id it knows (nothing is downloaded: loading an id reads its registry only)."""
-    try:
-        import ir_datasets
-
-        ir_datasets.load(reference)
-    except KeyError:
-        raise InputError(reference, "unknown dataset: not a local directory, not under $ORCHESTRATE_DATA_DIR, "
-                                    "not an ir_datasets id") from None
 
 
 # ----------------------------------------------------------------------------- one Tune trial
@@ -264,7 +243,7 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str], sweep: SweepSpec,
-                   display: SweepProgress, searcher: CellStudiesSearcher):
+                   display: SweepProgress, searcher: CellStudiesSearcher, interruption=None):
     from ray.tune import Callback
 
     class MlflowTrialLogger(Callback):
@@ -283,6 +262,7 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
                 # is a param, not a new loss label)
                 tags = {schema.PARENT_TAG: cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
                         schema.SWEEP_TAG: sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
+                        schema.DATA_TAG: training_data_identity(spec),
                         **schema.axes(spec), **config.get("axes", {}), **config.get("tags", {})}
                 params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
                 self.runs[trial.trial_id] = tracker.start_trial_run(experiment_id, config["train_run"], key, params, tags)
@@ -322,6 +302,10 @@ def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, st
 
         def on_trial_error(self, iteration, trials, trial, **info):
             run_id = self._run_id(trial)
+            if interruption is not None and interruption.is_set():  # stopped by Ctrl-C: resumed next time
+                tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})
+                tracker.finish(run_id, "KILLED")
+                return
             tracker.fail(run_id, "error", str(getattr(trial, "error_msg", None) or "error"))
             display.trial_ended(trial.config["cell"], failed=True)
 
@@ -341,12 +325,20 @@ def mark_pruned(tracker: Tracker, run_id: str, epoch: int, wall: float | None = 
 
 def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: list[Cell]) -> dict[str, str]:
     """Find or create the run of every runnable cell under the sweep run."""
-    tracker.client.update_run(tracker.sweep_run(experiment_id, sweep.name), status="RUNNING")
-    return {cell.key: tracker.cell_run(experiment_id, sweep.name, cell.key,
+    root = tracker.sweep_run(experiment_id, sweep.name)
+    tracker.client.update_run(root, status="RUNNING")
+    tracker.resumed(root)
+    runs = {cell.key: tracker.cell_run(experiment_id, sweep.name, cell.key,
                                        {**cell.axes, "collection": cell.spec.data.collection, **cell.tags},
                                        cell.is_baseline, {"axes": cell.axes, "searched": list(cell.searched),
                                                           "spec": cell.spec.model_dump(mode="json", by_alias=True)})
             for cell in cells}
+    for run_id in runs.values():  # cells an interrupted or failed run left: worked on again now
+        run = tracker.client.get_run(run_id)
+        if run.info.status in ("KILLED", "FAILED"):
+            tracker.client.update_run(run_id, status="RUNNING")
+            tracker.resumed(run_id)
+    return runs
 
 
 def migrate_trial_axes(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str]) -> int:
@@ -450,66 +442,152 @@ def _noise_to(log_file: Path | None):
                 handler.setStream(stream)
 
 
+# ----------------------------------------------------------------------------- the store: whose, and who runs it
+
+
+SWEEP_RECORD = "sweep.json"   # in <storage>/<sweep>: the sweep file this store belongs to
+LOCK_FILE = "sweep.lock"      # held (flock) by the process running the sweep; says which process
+
+
+def bind_store(sweep: SweepSpec, paths: SweepPaths, tracker: Tracker | None = None, experiment=None) -> None:
+    """Check, then record, which sweep file the storage (and the MLflow experiment) belongs to."""
+    record = paths.root / SWEEP_RECORD
+    recorded = json.loads(record.read_text()).get("file") if record.exists() else None
+    if check_owner(sweep, recorded, str(paths.root)):
+        record.write_text(json.dumps({"name": sweep.name, "file": str(sweep_file(sweep))}, indent=1))
+    if tracker is not None and experiment is not None:
+        if check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}"):
+            tracker.client.set_experiment_tag(experiment.experiment_id, schema.SWEEP_FILE_TAG, str(sweep_file(sweep)))
+
+
+@contextlib.contextmanager
+def sweep_lock(paths: SweepPaths):
+    """One process runs a sweep at a time: a second one refuses with one line instead of racing
+    the first for its trials (an exclusive ``flock`` on the storage's lock file, released when
+    the process ends, however it ends)."""
+    import fcntl
+    import socket
+
+    paths.root.mkdir(parents=True, exist_ok=True)
+    handle = open(paths.root / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise InputError(paths.root, f"the sweep is already running ({holder}): wait for it to end, or stop it first") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
 def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
               verbose: bool = False) -> dict:
-    """Run (or finish) the sweep; returns the dry-run report of the end state."""
+    """Run (or finish) the sweep; returns the dry-run report of the end state. Ctrl-C ends it
+    within seconds: running trials stop and resume from their last checkpoint next time,
+    nothing unfinished is marked finished, and :class:`Interrupted` says what is kept."""
     import ray
+
+    from orchestrator.core.interrupts import interruptible
 
     # Ray forwards its workers' lines to this process asynchronously, so a line can arrive
     # after the call that caused it (the exit traceback of a reused Tune process came after
     # tuner.fit had returned, onto the terminal): Ray's output goes to the log file for the
     # whole sweep, and this process's Ray session ends inside, flushing what is left there.
     paths = sweep_paths(sweep, storage_root)
-    paths.root.mkdir(parents=True, exist_ok=True)
-    with _noise_to(None if verbose else paths.log_file):
+    with sweep_lock(paths), interruptible() as interruption, _noise_to(None if verbose else paths.log_file):
         try:
-            return _run_sweep(sweep, tracker, paths, ray_address, verbose)
+            return _run_sweep(sweep, tracker, paths, ray_address, verbose, interruption)
         finally:
             if ray.is_initialized():
                 ray.shutdown()
 
 
-def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_address: str | None, verbose: bool) -> dict:
-    import ray.tune
-
-    from orchestrator.core.execution import init_ray
-    from workloads.selectors.training import prepare_selector
+def _prepare_cells(sweep: SweepSpec, cells: list[Cell], prepared: dict) -> None:
+    """The cells' data (indexes, runs, training sets, augmentations), prepared once before the
+    trials race for it, with every zero-shot target's (a collection that cannot load fails now,
+    not after the grid trained)."""
     from workloads.trial import prepare_trial
+
+    for cell in cells:
+        for spec in _data_variants(cell, sweep):
+            prepared[cell.key] = prepare_trial(spec)
+        for target in targets(cell.spec, _zero_shot(sweep))[1:]:
+            prepare_trial(target.spec)
+
+
+def _train_selectors(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
+                     ray_address: str | None) -> None:
+    """Each distinct supervised selector, trained once (tracked under the sweep run) before the
+    cells that augment with it."""
+    from orchestrator.core.execution import init_ray
+
+    selectors = selectors_needed([c.spec for c in cells])
+    if not selectors:
+        return
+    root = tracker.sweep_run(experiment_id, sweep.name)
+    tracker.client.update_run(root, status="RUNNING")
+    init_ray(ray_address)
+    for number, selector in enumerate(selectors, 1):
+        log.info("selector %d/%d: %s (%s, %s pairs)", number, len(selectors), selector.name, selector.method,
+                 selector.training_data.size)
+        ensure_selector(selector, tracker, experiment_id, paths.ray_storage, ray_address,
+                        tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
+
+
+def stale_trials(tracker: Tracker, experiment_id: str, cells: list[Cell]) -> list[str]:
+    """Finished trial runs trained on other data than the cells' today (their recorded training
+    data identity differs); runs written before identities were recorded are taken as they are."""
+    current = {c.key: training_data_identity(c.spec) for c in cells}
+    stale = []
+    for run in tracker.runs_of_kind(experiment_id, schema.TRIAL):
+        recorded = run.data.tags.get(schema.DATA_TAG)
+        cell = run.data.tags.get(schema.CELL_TAG)
+        if recorded and cell in current and run.info.status == "FINISHED" and recorded != current[cell]:
+            stale.append(run.info.run_name or run.info.run_id)
+    return stale
+
+
+def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_address: str | None, verbose: bool,
+               interruption) -> dict:
+    from orchestrator.core.interrupts import Interrupted
+    from workloads.selectors.training import prepare_selector
 
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     if not cells:
         raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")
     check_targets(sweep, cells)  # held out by their queries too, before anything is prepared
+    experiment = tracker.client.get_experiment_by_name(sweep.name)
+    bind_store(sweep, paths, tracker, experiment)
+    if experiment is not None:
+        stale = stale_trials(tracker, experiment.experiment_id, cells)
+        if stale:
+            raise InputError(sweep_file(sweep) or sweep.name,
+                             f"the training data changed since {len(stale)} finished trial(s) of this sweep ran (e.g. "
+                             f"{stale[0]}): they describe other data; start afresh with `orchestrate reset`, or rename "
+                             "the sweep (name:)")
     log.info("preparing data for %d cells", len(cells))
-    selectors = selectors_needed([c.spec for c in cells])
-    for selector in selectors:
+    for selector in selectors_needed([c.spec for c in cells]):
         prepare_selector(selector)  # its data is known good before anything is written
-    prepared = {}
-
-    def prepare_cell(cell: Cell) -> None:
-        for spec in _data_variants(cell, sweep):
-            prepared[cell.key] = prepare_trial(spec)  # indexes, runs, training sets, augmentations: once, before trials race
-        for target in targets(cell.spec, _zero_shot(sweep))[1:]:
-            prepare_trial(target.spec)  # a zero-shot collection that cannot load fails now, not after the grid trained
-
+    prepared: dict = {}
     supervised = [c for c in cells if _selector_of(c) is not None]
-    for cell in cells:
-        if _selector_of(cell) is None:  # the others need their trained selector first
-            prepare_cell(cell)
+    _prepare_cells(sweep, [c for c in cells if c not in supervised], prepared)
 
     # MLflow is written once every input is known good.
     experiment_id = tracker.experiment_id(sweep.name)
-    if selectors:
-        root = tracker.sweep_run(experiment_id, sweep.name)
-        tracker.client.update_run(root, status="RUNNING")
-        init_ray(ray_address)
-        for number, selector in enumerate(selectors, 1):
-            log.info("selector %d/%d: %s (%s, %s pairs)", number, len(selectors), selector.name, selector.method,
-                     selector.training_data.size)
-            ensure_selector(selector, tracker, experiment_id, paths.ray_storage, ray_address,
-                            tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
-        for cell in supervised:
-            prepare_cell(cell)  # augmentations with the trained selectors
+    bind_store(sweep, paths, tracker, tracker.client.get_experiment(experiment_id))
+    _train_selectors(sweep, cells, tracker, experiment_id, paths, ray_address)
+    _prepare_cells(sweep, supervised, prepared)  # augmentations with the trained selectors
     cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
     migrated = migrate_trial_axes(tracker, experiment_id, cell_runs)
     if migrated:
@@ -520,7 +598,7 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
             tracker.log_metrics(run.info.run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
             tracker.log_json(run.info.run_id, "", "data_stats.json", prepared[cell.key].data_stats)
 
-    searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url)
+    searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url, interruption)
     closed = reconcile_trial_runs(tracker, experiment_id, searcher)
     if closed:
         log.info("%d trial run(s) left open by a killed driver were closed from their Optuna outcome", closed)
@@ -531,49 +609,112 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     display = SweepProgress(sweep.name, {c.key: finished_trials(searcher.studies[c.key]) for c in cells},
                             sweep.search.trials_per_cell, enabled=not verbose)
     if remaining:
-        init_ray(ray_address)
-        concurrent = _max_concurrent(sweep, cells)
-        log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
-                 "" if verbose else f"; Ray's own output goes to {paths.log_file}")
-        display.concurrency = concurrent
-        searcher.extra_config = {"storage": str(paths.ray_storage)}
-        tuner = ray.tune.Tuner(
-            # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
-            # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
-            # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
-            ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
-            # reuse_actors: the next trial runs in a finished trial's Tune process, which has
-            # already imported Ray Train, torch and our modules; a fresh process per trial
-            # cost ~4 s more per trial here (README "Performance", "Tune trial processes").
-            tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
-                                            max_concurrent_trials=concurrent, reuse_actors=True),
-            run_config=ray.tune.RunConfig(
-                name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
-                failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
-                callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep, display, searcher)],
-                verbose=0,
-            ),
-        )
-        tuner.fit()
-        display.close()
-
-    _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address)
-    tracker.finish(tracker.sweep_run(experiment_id, sweep.name))  # every cell is FINISHED or FAILED now
+        _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose, searcher, display,
+                interruption, remaining)
+    if interruption.is_set():
+        raise Interrupted(mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs))
+    try:
+        _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address)
+    except KeyboardInterrupt:
+        raise Interrupted(mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs)) from None
+    root = tracker.sweep_run(experiment_id, sweep.name)
+    tracker.finish(root)  # every cell is FINISHED or FAILED now
+    log_default_report(sweep, tracker)
     return dry_run_report(sweep, paths)
 
 
+class _InterruptStopper:
+    """Ends the Tune run once the command is interrupted (Tune stops its trials and returns)."""
+
+    def __new__(cls, interruption):
+        from ray.tune import Stopper
+
+        class InterruptStopper(Stopper):
+            def __call__(self, trial_id, result):
+                return False
+
+            def stop_all(self):
+                return interruption.is_set()
+
+        return InterruptStopper()
+
+
+def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose, searcher, display, interruption,
+            remaining) -> None:
+    """The Tune run of every remaining trial (one scheduling pool); returns early when interrupted."""
+    import ray.tune
+
+    from orchestrator.core.execution import check_resources, init_ray
+
+    init_ray(ray_address)
+    check_resources(cells[0].spec)  # a worker no node can hold would wait forever
+    concurrent = _max_concurrent(sweep, cells)
+    log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
+             "" if verbose else f"; Ray's own output goes to {paths.log_file}")
+    display.concurrency = concurrent
+    searcher.extra_config = {"storage": str(paths.ray_storage)}
+    tuner = ray.tune.Tuner(
+        # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
+        # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
+        # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
+        ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
+        # reuse_actors: the next trial runs in a finished trial's Tune process, which has
+        # already imported Ray Train, torch and our modules; a fresh process per trial
+        # cost ~4 s more per trial here (README "Performance", "Tune trial processes").
+        tune_config=ray.tune.TuneConfig(search_alg=searcher, num_samples=remaining,
+                                        max_concurrent_trials=concurrent, reuse_actors=True),
+        run_config=ray.tune.RunConfig(
+            name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
+            failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
+            callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep, display, searcher, interruption)],
+            stop=_InterruptStopper(interruption),
+            verbose=0,
+        ),
+    )
+    # Tune's own SIGINT handler would take the first Ctrl-C from ours; ours ends the run the
+    # same way (its stopper), and knows the command was interrupted.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    with interruption.graceful(lambda: None):  # the stopper ends the Tune run at its next step
+        tuner.fit()
+    display.close()
+
+
+def mark_interrupted(tracker: Tracker, experiment_id: str, sweep: SweepSpec, searcher: CellStudiesSearcher,
+                     cell_runs: dict[str, str]) -> str:
+    """After Ctrl-C: every run that did not finish is KILLED and tagged interrupted (never
+    FINISHED); Optuna trials that were running stay RUNNING, so the next run resumes them from
+    their checkpoints. Returns the line that says what is kept."""
+    tags = {schema.INTERRUPTED_TAG: "true"}
+    for run in tracker.runs_of_kind(experiment_id, schema.TRIAL):
+        if run.info.status == "RUNNING":
+            tracker.set_tags(run.info.run_id, tags)
+            tracker.finish(run.info.run_id, "KILLED")
+    for run_id in cell_runs.values():
+        if tracker.client.get_run(run_id).info.status == "RUNNING":
+            tracker.set_tags(run_id, tags)
+            tracker.finish(run_id, "KILLED")
+    root = tracker.sweep_run(experiment_id, sweep.name)
+    tracker.set_tags(root, tags)
+    tracker.finish(root, "KILLED")
+    finished = sum(finished_trials(study) for study in searcher.studies.values())
+    planned = sweep.search.trials_per_cell * len(searcher.studies)
+    done = sum(1 for run_id in cell_runs.values() if tracker.client.get_run(run_id).info.status == "FINISHED")
+    return (f"sweep {sweep.name} interrupted: {finished} of {planned} trials ended and are kept, {done} of {len(cell_runs)} "
+            f"cells tested; run the same command again to resume (running trials go on from their last checkpoint)")
+
+
 def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address) -> None:
-    """Test every cell's winner on every target with the lifecycle, all evaluations in flight at once."""
+    """Test every cell's winner (its best trial over all its trials) on every target with the
+    lifecycle, all evaluations in flight at once. A cell already tested is tested again when its
+    winner is no longer its best trial or its test data changed."""
     import optuna
 
     from orchestrator.core.execution import init_ray
     from orchestrator.core.lifecycle import log_target
 
-    pending = []  # (cell, cell run id, winner, complete trials, winner's trial run, [PendingEvaluation])
+    pending = []  # (cell, cell run id, winner, complete trials, winner's trial run, [PendingEvaluation], test data)
     for cell in cells:
         run_id = cell_runs[cell.key]
-        if tracker.client.get_run(run_id).info.status == "FINISHED":
-            continue  # evaluated by an earlier invocation
         study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
         complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
         if not complete:
@@ -582,25 +723,40 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         winner = max(complete, key=lambda t: t.value)
         child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
         spec = apply_params(cell.spec, winner.params)
+        evaluation_targets = targets(spec, _zero_shot(sweep))
+        test_data = test_data_identity(evaluation_targets)
+        run = tracker.client.get_run(run_id)
+        if run.info.status == "FINISHED":
+            same_winner = run.data.tags.get(schema.WINNER_TAG) == child.info.run_id
+            same_data = run.data.tags.get(schema.TEST_DATA_TAG, test_data) == test_data
+            if same_winner and same_data:
+                continue  # evaluated by an earlier invocation
+            log.info("%s: testing again (%s)", cell.key, "its test data changed" if same_winner else
+                     f"its best trial is now trial {winner.number}")
+            previous = run.data.tags.get(schema.WINNER_TAG)
+            if previous and previous != child.info.run_id:
+                tracker.set_tags(previous, {schema.WINNER_TAG: "false"})
+            tracker.client.update_run(run_id, status="RUNNING")
         init_ray(ray_address)
         try:
-            jobs = submit_evaluations(spec, targets(spec, _zero_shot(sweep)), child.data.tags[schema.CHECKPOINT_TAG],
+            jobs = submit_evaluations(spec, evaluation_targets, child.data.tags[schema.CHECKPOINT_TAG],
                                       child.data.metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
-        except BaseException as exc:
+        except Exception as exc:
             tracker.fail(run_id, "evaluation", exc)
             raise
-        pending.append((cell, run_id, winner, complete, child, jobs))
+        pending.append((cell, run_id, winner, complete, child, jobs, test_data))
     if pending:
-        log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[-1]) for p in pending))
-    for cell, run_id, winner, complete, child, jobs in pending:
+        log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[5]) for p in pending))
+    for cell, run_id, winner, complete, child, jobs, test_data in pending:
         try:
             for job in jobs:
                 log_target(tracker, run_id, job.result(), run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
-        except BaseException as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
+        except Exception as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
             tracker.fail(run_id, "evaluation", exc)
             raise
         tracker.log_metrics(run_id, {schema.BEST_OBJECTIVE: winner.value, schema.TRIALS_COMPLETE: len(complete)})
-        tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params)})
+        tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params),
+                                  schema.TEST_DATA_TAG: test_data})
         tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})
         tracker.finish(run_id, "FINISHED")
         test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
@@ -608,32 +764,75 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
                  winner.number, winner.value, test)
 
 
-def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict:
-    """Progress from MLflow (runs) and Optuna (trials left): nothing is started."""
-    plan = dry_run_report(sweep, sweep_paths(sweep, storage_root))
-    experiment = tracker.client.get_experiment_by_name(sweep.name)
+def log_default_report(sweep: SweepSpec, tracker: Tracker) -> None:
+    """The finished sweep's report (the default table, its figures) on the sweep run, where the
+    MLflow UI shows it; ``orchestrate report`` writes there only when asked (``--log``)."""
+    import tempfile
+
+    from orchestrator.report.build import ReportRequest, build_report
+    from orchestrator.report.tables import TableOptions
+
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            build_report([sweep], tracker, Path(out), ReportRequest(options=TableOptions(), log_to_mlflow=True))
+    except InputError as exc:  # a report that cannot be made leaves the results as they are
+        log.warning("the sweep's report was not logged to MLflow: %s", exc)
+
+
+def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) -> dict:
+    """Progress from MLflow (runs) and Optuna (trials left), read only: nothing is started or
+    written. Every cell is in exactly one state: done, failed, stale (tested on data that changed
+    since), interrupted, running (some trial ended or runs, not yet tested) or pending."""
+    paths = sweep_paths(sweep, storage_root)
+    experiment = tracker.client.get_experiment_by_name(sweep.name) if tracker is not None else None
+    if experiment is None and not (paths.root / "optuna.db").exists():
+        where = f"{paths.root}" + (f" or in {tracker.uri}" if tracker is not None else "")
+        raise InputError(sweep_file(sweep) or sweep.name, f"no trace of sweep '{sweep.name}' in {where}: it has not "
+                                                          "started there (give --storage and --tracking-uri of the store "
+                                                          "it ran with)")
+    if experiment is not None:
+        check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}")
+    record = paths.root / SWEEP_RECORD
+    if record.exists():
+        check_owner(sweep, json.loads(record.read_text()).get("file"), str(paths.root))
+    plan = dry_run_report(sweep, paths)
     runs = tracker.client.search_runs([experiment.experiment_id], max_results=50_000) if experiment else []
-    cells = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.CELL]
     trials = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.TRIAL]
     selector_runs = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.SELECTOR]
-    by_status = lambda rs, s: [r for r in rs if r.info.status == s]  # noqa: E731
-    running_cells = {r.data.tags.get(schema.CELL_TAG) for r in by_status(trials, "RUNNING")}
+    cell_state = {}
+    results = {c.cell.key: c for c in load_cell_states(sweep, tracker)} if experiment else {}
+    begun = {d["key"] for d in plan["cells_detail"] if d["trials_done"]}
+    begun |= {r.data.tags.get(schema.CELL_TAG) for r in trials if r.info.status == "RUNNING"}
+    for detail in plan["cells_detail"]:
+        if detail["unavailable"]:
+            continue
+        result = results.get(detail["key"])
+        state = {"ok": "done", "failed": "failed", "stale": "stale", "interrupted": "interrupted"}.get(
+            result.status if result is not None else "", None)
+        cell_state[detail["key"]] = state or ("running" if detail["key"] in begun else "pending")
+    count = lambda state: sum(1 for v in cell_state.values() if v == state)  # noqa: E731
+    interrupted = [r for r in trials if r.info.status == "KILLED" and r.data.tags.get(schema.INTERRUPTED_TAG) == "true"]
+    pruned = [r for r in trials if r.info.status == "KILLED" and schema.PRUNED_TAG in r.data.tags]
+    by_status = lambda status: [r for r in trials if r.info.status == status]  # noqa: E731
     scored = [r for r in trials if schema.BEST_OBJECTIVE in r.data.metrics]
     best = max(scored, key=lambda r: r.data.metrics[schema.BEST_OBJECTIVE], default=None)
     walls = [r.data.metrics[schema.TIME_TRIAL] for r in trials if schema.TIME_TRIAL in r.data.metrics]
     mean_wall = sum(walls) / len(walls) if walls else None
-    parallel = max(1, len(by_status(trials, "RUNNING")))
+    parallel = max(1, len(by_status("RUNNING")))
     return {
         "sweep": sweep.name,
         "cells": plan["runnable_cells"],
-        "cells_done": len(by_status(cells, "FINISHED")),
-        "cells_failed": len(by_status(cells, "FAILED")),
-        "cells_running": len(running_cells),
-        "cells_pending": plan["runnable_cells"] - len(by_status(cells, "FINISHED")) - len(by_status(cells, "FAILED")) - len(running_cells),
-        "trials_finished": len(by_status(trials, "FINISHED")),
-        "trials_failed": len(by_status(trials, "FAILED")),
-        "trials_pruned": len(by_status(trials, "KILLED")),
-        "trials_running": len(by_status(trials, "RUNNING")),
+        "cells_done": count("done"),
+        "cells_failed": count("failed"),
+        "cells_stale": count("stale"),
+        "cells_interrupted": count("interrupted"),
+        "cells_running": count("running"),
+        "cells_pending": count("pending"),
+        "trials_finished": len(by_status("FINISHED")),
+        "trials_failed": len(by_status("FAILED")),
+        "trials_pruned": len(pruned),
+        "trials_interrupted": len(interrupted),
+        "trials_running": len(by_status("RUNNING")),
         "trials_to_run": plan["trials_to_run"],
         "best": {"cell": best.data.tags.get(schema.CELL_TAG),
                  "axes": "/".join(best.data.tags.get(k, "") for k in ("model", "loss", "augmentation", "size")),
@@ -647,5 +846,12 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker, storage_root: Path) -> dict
                            "test_ndcg_at_10": r.data.metrics.get(f"{schema.target_prefix(schema.TEST)}ndcg_at_10")}
                           for r in sorted(selector_runs, key=lambda r: r.info.run_name or "")],
         "failed_trials": [f"{r.info.run_name} ({r.data.tags.get(schema.CELL_TAG)}): {r.data.tags.get(schema.FAILURE_TAG, '?')} "
-                          f"{r.data.tags.get(schema.ERROR_TAG, '')}".strip() for r in by_status(trials, "FAILED")],
+                          f"{r.data.tags.get(schema.ERROR_TAG, '')}".strip() for r in by_status("FAILED")],
     }
+
+
+def load_cell_states(sweep: SweepSpec, tracker: Tracker):
+    """Every cell with its MLflow state (the report's reading: ok, failed, stale, interrupted, ...)."""
+    from orchestrator.report.results import load_sweep_results
+
+    return load_sweep_results(sweep, tracker).cells

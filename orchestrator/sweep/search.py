@@ -18,6 +18,7 @@ from ray.tune.search import Searcher
 
 from orchestrator.core.schema import OBJECTIVE
 from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params
+from workloads.seeds import derived_seed
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
@@ -51,11 +52,49 @@ def make_pruner(search: SearchSpec) -> optuna.pruners.BasePruner:
 
 
 def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study:
-    # Seeded per cell so two cells do not sample the same sequence.
+    """The cell's study, its sampler seeded per cell (two cells do not sample one sequence) and
+    per resumption: a study that already holds trials gets a seed of its own for this run, so a
+    resumed search does not draw its first trials' parameters again (the sampler's generator
+    would restart where it began)."""
     seed = (search.sampler_seed * 1_000_003 + int(cell.key.removeprefix("cell-")[:8], 16)) % 2**31
-    return optuna.create_study(study_name=cell.key, storage=storage_url, direction="maximize",
-                               sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell)),
-                               pruner=make_pruner(search), load_if_exists=True)
+    study = optuna.create_study(study_name=cell.key, storage=storage_url, direction="maximize",
+                                pruner=make_pruner(search), load_if_exists=True)
+    tried = len(study.get_trials(deepcopy=False))
+    if tried:
+        seed = derived_seed("resumed", seed, tried) % 2**31
+    study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell))
+    return study
+
+
+def tried_parameters(study: optuna.Study, exclude: int | None = None) -> list[dict]:
+    """The parameter sets a cell has tried or is trying: every trial but the uncounted failures
+    (interrupted or duplicate draws, asked again) and ``exclude``."""
+    states = optuna.trial.TrialState
+    return [t.params for t in study.get_trials(deepcopy=False)
+            if t.number != exclude and t.params and (t.state in (states.COMPLETE, states.PRUNED, states.RUNNING)
+                                                      or (t.state == states.FAIL and t.user_attrs.get(COUNTED)))]
+
+
+def untried(cell: Cell, search: SearchSpec, tried: list[dict], seed: int) -> dict | None:
+    """A parameter set of a finite search space the cell has not tried (None: none is left or the
+    space is a range), drawn in a seeded order."""
+    import itertools
+    import random
+
+    from orchestrator.sweep.grid import distinct_parameter_sets
+
+    if distinct_parameter_sets(cell, search) is None:
+        return None
+    options = {}
+    for name in cell.searched:
+        space = getattr(search, name)
+        if isinstance(space, Choices):
+            options[name] = list(space.choices)
+        elif isinstance(space, LevelChoices):
+            options[name] = space.for_levels(len(cell.spec.sir.levels))
+    combos = [dict(zip(options, values)) for values in itertools.product(*options.values())]
+    random.Random(seed).shuffle(combos)
+    return next((c for c in combos if c not in tried), None)
 
 
 def finished_trials(study: optuna.Study) -> int:
@@ -88,8 +127,9 @@ def stop_file(storage: str | Path, train_run: str) -> Path:
 class CellStudiesSearcher(Searcher):
     """A Tune searcher that serves every cell's own Optuna study, round-robin."""
 
-    def __init__(self, cells: list[Cell], search: SearchSpec, storage_url: str, metric: str = OBJECTIVE):
+    def __init__(self, cells: list[Cell], search: SearchSpec, storage_url: str, interruption=None, metric: str = OBJECTIVE):
         super().__init__(metric=metric, mode="max")
+        self.interruption = interruption  # while it is set, a trial that ends in error was stopped, not failed
         self.cells = [c for c in cells if c.spec is not None]
         self.search = search
         self.studies = {c.key: open_study(storage_url, c, search) for c in self.cells}
@@ -112,8 +152,7 @@ class CellStudiesSearcher(Searcher):
                 continue
             # ask() hands out enqueued (interrupted, WAITING) trials first
             self._next = (self._next + offset + 1) % len(self.cells)
-            trial = study.ask()
-            params = sample(trial, cell, self.search)
+            trial, params = self._ask_new(study, cell)
             train_run = trial.user_attrs.get(TRAIN_RUN) or f"{cell.key}-t{trial.number}"
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
@@ -121,6 +160,26 @@ class CellStudiesSearcher(Searcher):
             return {"cell": cell.key, "axes": cell.axes, "tags": cell.tags, "optuna_trial": trial.number, "train_run": train_run,
                     "params": params, "spec": spec.model_dump(mode="json"), **self.extra_config}
         return Searcher.FINISHED if not self.live else None
+
+    DRAWS = 20  # samples tried before a finite space hands out an untried set itself
+
+    def _ask_new(self, study: optuna.Study, cell: Cell) -> tuple[optuna.Trial, dict]:
+        """An Optuna trial with a parameter set the cell has not tried yet. An enqueued trial (an
+        interrupted one, asked again) keeps its parameters. A draw that repeats a tried set is
+        told FAIL (uncounted: it ran nothing) and asked again; a finite space whose sampler keeps
+        repeating itself gets an untried set enqueued (``check_search`` made sure there are enough)."""
+        for attempt in range(self.DRAWS + 1):
+            trial = study.ask()
+            params = sample(trial, cell, self.search)
+            if trial.user_attrs.get(TRAIN_RUN) or params not in tried_parameters(study, exclude=trial.number):
+                return trial, params
+            trial.set_user_attr(FAILURE, "a repeated parameter set, drawn again")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if attempt == self.DRAWS - 1:
+                fresh = untried(cell, self.search, tried_parameters(study), derived_seed("untried", cell.key, trial.number))
+                if fresh is not None:
+                    study.enqueue_trial(fresh)
+        return trial, params  # a range drew the same floats 20 times: take it (practically unreachable)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if PRUNED_AT in result:  # the trial stopped on its cell's request (now or before a crash)
@@ -160,6 +219,8 @@ class CellStudiesSearcher(Searcher):
             return
         cell_key, trial = self.live.pop(trial_id)
         study = self.studies[cell_key]
+        if error and self.interruption is not None and self.interruption.is_set():
+            return  # stopped by Ctrl-C: left RUNNING, so the next run resumes it from its checkpoint
         if trial_id in self.pruned and not error:  # a recorded outcome: never retried, never a winner
             self.best_seen.pop(trial_id, None)
             trial.set_user_attr(PRUNED_AT, self.pruned[trial_id])

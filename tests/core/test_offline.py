@@ -52,7 +52,8 @@ def test_hugging_face_id_not_in_the_cache(tmp_path, command):
         config = {"name": "offline", **base, "model": {"name": "bert-base-uncased"}}
     else:
         config = {"name": "offline", "base": base, "grid": {"models": ["bert-base-uncased"], "losses": [{"ranking": "pointwise"}],
-                                                          "augmentations": [{"method": "none"}], "sizes": [100]}}
+                                                          "augmentations": [{"method": "none"}], "sizes": [100]},
+                  "search": {"trials_per_cell": 1}}
     path = tmp_path / "offline.yaml"
     path.write_text(yaml.safe_dump(config))
     env_data = offline_env(tmp_path)["ORCHESTRATE_DATA_DIR"]

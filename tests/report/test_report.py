@@ -34,6 +34,7 @@ SWEEP = {
         "sizes": [100, 200],
     },
     "zero_shot": [{"collection": "beir/nfcorpus"}],
+    "search": {"trials_per_cell": 1},
 }
 
 
@@ -255,7 +256,7 @@ def test_report_cli_writes_tables_and_figures_and_logs_them(store):
     work, uri, tracker, sweep, *_ = store
     out = work / "reports"
     proc = _cli(work, "report", str(work / "report-grid.yaml"), "--tracking-uri", uri, "--out", str(out), "--zero-shot",
-                "--select", "loss=pointwise+scl,augmentation=bm25,size=100", "--format", "latex")
+                "--select", "loss=pointwise+scl,augmentation=bm25,size=100", "--format", "latex", "--log")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count(r"\begin{tabular}") == 2  # grid and zero-shot tables
     written = sorted(p.name for p in (out / "report-grid").iterdir())

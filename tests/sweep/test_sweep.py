@@ -105,7 +105,7 @@ import ray
 from orchestrator.core.execution import init_ray
 from orchestrator.sweep import runner
 
-def sweep_body(sweep, tracker, paths, ray_address, verbose):
+def sweep_body(sweep, tracker, paths, ray_address, verbose, interruption):
     init_ray(None, num_cpus=1)
 
     @ray.remote(num_cpus=0)
@@ -245,10 +245,9 @@ def test_doc19_dry_run_counts():
 
 
 def test_demo_sweep_loads():
-    from orchestrator.cli import _load_sweep
-    from orchestrator.sweep.grid import expand_grid
+    from orchestrator.sweep.grid import expand_grid, load_sweep
 
-    cells = expand_grid(_load_sweep(str(REPO / "search_spaces" / "demo.yaml")))
+    cells = expand_grid(load_sweep(REPO / "search_spaces" / "demo.yaml"))
     assert len(cells) == 10 and all(c.spec is not None for c in cells)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import time
@@ -54,13 +55,16 @@ def anserini_jar() -> Path:
     return jars[-1]
 
 
-def _run_java(main_class: str, args: list[str], what: str) -> None:
+def _run_java(main_class: str, args: list[str], what: str, output: Path | None = None) -> None:
+    """Run an Anserini entry point. Anserini reports some failures only in its output and exits
+    0 ("Unable to load topic reader"): a run that wrote no ``output`` failed too."""
     java, env = _java()
     cmd = [java, "-cp", str(anserini_jar()), main_class, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise RuntimeError(f"Anserini {what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    if proc.returncode != 0 or (output is not None and not output.exists()):
+        lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
+        problems = [line for line in lines if any(w in line for w in ("Unable", "Exception", "Error", "error"))] or lines
+        raise RuntimeError(f"Anserini {what} failed (exit {proc.returncode}): {' | '.join(problems[-3:])}")
 
 
 _log = get_logger("bm25").info
@@ -103,6 +107,13 @@ def _write_topics(queries: dict[str, str], path: Path) -> None:
 
 def read_trec_run(path: Path) -> Run:
     run: Run = {}
+    try:
+        return _read_trec_run(path, run)
+    except UnicodeDecodeError as exc:
+        raise InputError(path, f"not UTF-8 text (byte {exc.object[exc.start]:#x} near offset {exc.start})") from None
+
+
+def _read_trec_run(path: Path, run: Run) -> Run:
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, 1):
             fields = line.split()
@@ -136,6 +147,14 @@ def retrieve(
     """BM25 top-``k`` per query; the TREC run is cached by (corpus, queries, k, params)."""
     if not queries:
         raise InputError(collection.name, "no queries to retrieve for")
+    if k < 1:
+        raise InputError(collection.name, f"k must be at least 1 hit per query, got {k}")
+    if not (math.isfinite(params.k1) and params.k1 > 0 and math.isfinite(params.b) and 0 <= params.b <= 1):
+        raise InputError(collection.name, f"BM25 needs k1 > 0 and b in [0, 1], got k1 {params.k1}, b {params.b}")
+    empty = sorted(q for q, text in queries.items() if not text.split())
+    if empty:
+        raise InputError(collection.name, f"{len(empty)} queries have no text (e.g. '{empty[0]}'): BM25 cannot search "
+                                          "for them; remove them from the split or give them text")
     index_dir = build_index(collection, threads=threads)
     key = stable_key(collection.fingerprint, sorted(queries.items()), k, params)
     run_path = cache_dir() / "runs" / f"bm25-{key}.trec"
@@ -151,6 +170,6 @@ def retrieve(
                 "-hits", str(k), "-threads", str(threads)]
         if params.exclude_query_id:
             args.append("-removeQuery")
-        _run_java("io.anserini.search.SearchCollection", args, "search")
+        _run_java("io.anserini.search.SearchCollection", args, "search", output=tmp)
     _log(f"retrieved in {time.perf_counter() - started:.1f}s -> {run_path}")
     return read_trec_run(run_path), run_path

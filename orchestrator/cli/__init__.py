@@ -1,0 +1,100 @@
+"""The ``orchestrate`` command line: one module per command, each with ``add_parser`` and ``run``.
+
+Every command keeps one promise on bad input (a malformed file, an unknown name, a value out of
+range, a store that cannot be read or written, a server or cluster that does not answer): one
+line ``error: SOURCE: problem`` on stderr, exit code 2, nothing half-written. Ctrl-C ends a
+command within seconds with one line saying what is kept (exit 130).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from importlib import import_module
+
+from workloads.errors import InputError
+from workloads.logs import LEVEL_ENV, get_logger
+from workloads.logs import configure as configure_logging
+
+log = get_logger("orchestrate")
+
+EXIT_INPUT_ERROR = 2
+COMMANDS = ("bm25", "run", "augment", "perturb", "sweep", "status", "runs", "report", "compare", "ui", "reset")
+# file system errors that are the user's situation, not a bug: one line naming the path
+_USER_ERRNOS = {errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line and exit 2, like every other bad input."""
+
+    def error(self, message: str) -> None:  # noqa: D102  (argparse's hook)
+        self.exit(EXIT_INPUT_ERROR, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rerank-lab")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _verbosity(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    group = parser.add_mutually_exclusive_group()
+    default = argparse.SUPPRESS if suppress else False
+    group.add_argument("-v", "--verbose", action="store_true", default=default,
+                       help="debug messages, and Ray's and Tune's own output on the terminal")
+    group.add_argument("-q", "--quiet", action="store_true", default=default, help="warnings and errors only")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="orchestrate", description="rerank-lab: neural re-ranking experiments (README, docs/)",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rerank-lab {_version()}")
+    _verbosity(parser, suppress=False)  # before the command (orchestrate -v sweep ...) or after it
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    _verbosity(common, suppress=True)
+    for name in COMMANDS:
+        import_module(f"orchestrator.cli.{name}").add_parser(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from orchestrator.cli.output import route_results
+    from orchestrator.core.execution import set_environment_defaults
+    from orchestrator.core.interrupts import EXIT_INTERRUPTED, Interrupted
+
+    set_environment_defaults()
+    args = build_parser().parse_args(argv)
+    route_results()
+    level = "DEBUG" if args.verbose else "WARNING" if args.quiet else "INFO"
+    os.environ[LEVEL_ENV] = level  # Ray workers log at the driver's level
+    configure_logging(level)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except Interrupted as exc:
+        print(f"interrupted: {exc.summary}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        print("interrupted: stopped before anything was reported as complete (what finished is kept)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+        return 0
+    except OSError as exc:
+        if exc.errno not in _USER_ERRNOS:
+            raise
+        where = exc.filename or "a file"
+        print(f"error: {where}: cannot write here ({os.strerror(exc.errno).lower()})", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""``orchestrate report``: paper tables, significance and figures of one or more sweeps (reads only,
+unless ``--log``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from orchestrator.cli.output import add_storage, add_tracking, bounded, emit
+from workloads.errors import InputError
+from workloads.logs import get_logger
+
+log = get_logger("orchestrate")
+
+
+def add_parser(sub, common) -> None:
+    from orchestrator.report.tables import RENDERERS
+    from workloads.significance import CORRECTIONS, PAIRED_TESTS
+
+    parser = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps",
+                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep YAML(s); several for --transfer")
+    parser.add_argument("--metric", default="ndcg@10", help="nDCG@10, nDCG@20, RR@10, RR@100, AP, MAP@20 or P@1")
+    parser.add_argument("--rows", default="model,size", help="row axes, comma-separated")
+    parser.add_argument("--cols", default="augmentation", choices=["augmentation", "loss", "model", "size"],
+                        help="column axis (the other axes follow it in the column label)")
+    parser.add_argument("--collection", help="test collection: the sweep's own (default) or a zero-shot one by name")
+    parser.add_argument("--format", default="md", choices=list(RENDERERS), help="printed format (all three are written)")
+    parser.add_argument("--test", default="t", choices=list(PAIRED_TESTS), help="paired test against the baseline")
+    parser.add_argument("--correction", default="none", choices=list(CORRECTIONS), help="across the table's comparisons")
+    parser.add_argument("--digits", type=bounded(int, 0, 12, what="a number of digits"), default=4, help="digits shown")
+    parser.add_argument("--zero-shot", action="store_true", help="also the zero-shot table (collections x models, AUG Table 4)")
+    parser.add_argument("--transfer", action="store_true", help="also the transfer matrix (train x test collection) of the sweeps")
+    parser.add_argument("--robustness", action="store_true",
+                        help="CFT's robustness table instead: MAP and P@1 clean and per perturbation (SWEEP may be a trial file)")
+    parser.add_argument("--select", help="the system of the zero-shot and transfer tables, e.g. "
+                                         "loss=pointwise+scl,augmentation=bm25,size=1000 "
+                                         "(default: best validation nDCG@10 at the largest size)")
+    parser.add_argument("--out", default=".orchestrate/reports", metavar="DIR", help="directory for tables and figures")
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    parser.add_argument("--log", action="store_true",
+                        help="also log the files and the table to each sweep's MLflow run (a finished sweep logs its "
+                             "default report there itself)")
+    add_tracking(parser)
+    add_storage(parser)
+    parser.set_defaults(func=run)
+
+
+def _open(args):
+    from orchestrator.core.tracking import open_tracker
+
+    tracker = open_tracker(args.tracking_uri, write=args.log)
+    if tracker is None:
+        raise InputError(args.tracking_uri or ".orchestrate/mlflow.db", "no MLflow store here: run the sweep first "
+                                                                      "(or give --tracking-uri)")
+    return tracker
+
+
+def _check_storage(sweep, storage: str) -> None:
+    import json
+
+    from orchestrator.sweep.grid import check_owner
+    from orchestrator.sweep.runner import SWEEP_RECORD, sweep_paths
+
+    record = sweep_paths(sweep, Path(storage)).root / SWEEP_RECORD
+    if record.exists():
+        check_owner(sweep, json.loads(record.read_text()).get("file"), str(record.parent))
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.cli.sweep import load_sweep
+    from orchestrator.report.build import ReportRequest, build_report, parse_select
+    from orchestrator.report.results import metric_key
+    from orchestrator.report.tables import TableOptions
+
+    if args.robustness:
+        return _robustness(args)
+    sweeps = [load_sweep(path) for path in args.sweeps]
+    for sweep in sweeps:
+        _check_storage(sweep, args.storage)
+    options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits)
+    request = ReportRequest(options=options, rows=tuple(a.strip() for a in args.rows.split(",") if a.strip()), cols=args.cols,
+                            collection=args.collection, output_format=args.format, zero_shot=args.zero_shot,
+                            transfer=args.transfer, select=parse_select(args.select), plots=not args.no_plots,
+                            log_to_mlflow=args.log)
+    output = build_report(sweeps, _open(args), Path(args.out), request)
+    emit(output.text)
+    log.info("written: %s", ", ".join(str(p) for p in output.files))
+    return 0
+
+
+def _robustness(args: argparse.Namespace) -> int:
+    """``report --robustness``: a trial file's trials, or a sweep's finished cells, clean vs perturbed."""
+    from orchestrator.cli.sweep import load_sweep
+    from orchestrator.core.config import read_yaml
+    from orchestrator.report.build import load_results
+    from orchestrator.report.robustness import sweep_robustness, trial_file_robustness
+    from orchestrator.report.tables import RENDERERS
+
+    tracker = _open(args)
+    for path in args.sweeps:
+        is_sweep = "grid" in read_yaml(Path(path))[0]
+        table = (sweep_robustness(load_results(load_sweep(path), tracker), args.test) if is_sweep
+                 else trial_file_robustness(tracker, path, args.test))
+        emit(RENDERERS[args.format](table, args.digits))
+    return 0

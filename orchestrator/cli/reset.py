@@ -1,0 +1,59 @@
+"""``orchestrate reset``: start a sweep afresh (after a bad interrupt, or changed data)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.cli.output import add_storage, add_tracking, emit
+from workloads.errors import InputError
+
+
+def add_parser(sub, common) -> None:
+    parser = sub.add_parser("reset", help="forget a sweep's trials and runs so that it starts afresh (prepared data is kept)",
+                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("config", help="the sweep YAML")
+    parser.add_argument("--yes", action="store_true", help="do it without asking")
+    add_tracking(parser)
+    add_storage(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Removes ``<storage>/<sweep>`` (Optuna studies, Ray checkpoints) and moves the MLflow
+    experiment out of the way (renamed ``<sweep>-reset-<time>``, then deleted: MLflow keeps it
+    in its trash until ``mlflow gc``), after the sweep's own lock is free. The cache (indexes,
+    runs, training sets, trained selectors) stays: the restarted sweep reuses it."""
+    from orchestrator.cli.sweep import load_sweep
+    from orchestrator.core.tracking import open_tracker
+    from orchestrator.sweep.runner import sweep_lock, sweep_paths
+
+    sweep = load_sweep(args.config)
+    paths = sweep_paths(sweep, Path(args.storage))
+    tracker = open_tracker(args.tracking_uri, write=False)
+    experiment = tracker.client.get_experiment_by_name(sweep.name) if tracker is not None else None
+    if not paths.root.exists() and experiment is None:
+        raise InputError(args.config, f"nothing to reset: no trace of sweep '{sweep.name}' in {paths.root}"
+                                      + (f" or {tracker.uri}" if tracker else ""))
+    what = [str(paths.root)] if paths.root.exists() else []
+    what += [f"MLflow experiment '{sweep.name}' ({tracker.uri})"] if experiment is not None else []
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise InputError(args.config, "reset removes " + " and ".join(what) + ": add --yes to confirm")
+        answer = input(f"remove {' and '.join(what)}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            emit("nothing removed")
+            return 0
+    with sweep_lock(paths):  # never under a running sweep
+        if experiment is not None:
+            tracker.client.rename_experiment(experiment.experiment_id, f"{sweep.name}-reset-{int(time.time())}")
+            tracker.client.delete_experiment(experiment.experiment_id)
+        if paths.root.exists():
+            for child in paths.root.iterdir():
+                if child.name != "sweep.lock":
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+    emit(f"sweep {sweep.name} reset: removed {' and '.join(what)}; the next `orchestrate sweep` starts it afresh")
+    return 0

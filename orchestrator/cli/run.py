@@ -1,0 +1,130 @@
+"""``orchestrate run``: the trials of a trial file, each end to end and tracked in MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from orchestrator.cli.output import add_address, add_tracking, emit, metrics_table
+from workloads.errors import InputError
+
+FIRST_STAGE_NAMES = {"bm25": "BM25", "given": "given order", "run": "run file"}  # first_stage.method -> a row label
+
+
+def add_parser(sub, common) -> None:
+    parser = sub.add_parser("run", help="run the trials of a file (train, validate, test), each tracked in MLflow",
+                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("config", help="trial YAML, e.g. search_spaces/trial-scifact.yaml or rq1-scifact.yaml")
+    parser.add_argument("--trial", help="run only this trial of a multi-trial file")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the file and print each trial's resolved configuration, identity and targets; run nothing")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_tracking(parser)
+    parser.add_argument("--storage", default=".orchestrate/ray_results", metavar="DIR", help="Ray Train storage for checkpoints")
+    add_address(parser)
+    parser.add_argument("--force", action="store_true", help="rerun even if a finished run of this trial exists")
+    parser.set_defaults(func=run)
+
+
+def selected_trials(args: argparse.Namespace):
+    from orchestrator.core.config import load_trials
+    from workloads.spec import TrialSpec
+
+    experiment, specs = load_trials(Path(args.config), TrialSpec)
+    if getattr(args, "trial", None):
+        chosen = [s for s in specs if s.name in (args.trial, f"{experiment}.{args.trial}")]
+        if not chosen:
+            names = ", ".join(s.name.removeprefix(f"{experiment}.") for s in specs)
+            raise InputError(args.config, f"no trial '{args.trial}' (trials: {names})")
+        specs = chosen
+    return experiment, specs
+
+
+def _ranking_json(ranking) -> dict:
+    out = {"bm25": ranking.first_stage, "model": ranking.model}
+    if ranking.weight is not None:  # the final ranking fuses BM25: the cross-encoder alone beside it
+        out["cross_encoder"] = ranking.cross_encoder
+    return out
+
+
+def dry_run(experiment: str, specs, as_json: bool) -> int:
+    """What ``run`` would do, checked (models, collections, held-out targets) but not run."""
+    from orchestrator.core import schema
+    from orchestrator.core.lifecycle import preflight_trial, targets
+
+    plans = []
+    for spec in specs:
+        plans.append({"trial": spec.name, "trial_key": schema.trial_key(spec), "axes": schema.axes(spec),
+                      "targets": [t.name for t in targets(spec)], "would_stop": preflight_trial(spec),
+                      "config": spec.model_dump(mode="json", by_alias=True)})
+    if as_json:
+        emit(json.dumps({"experiment": experiment, "trials": plans}, indent=2))
+        return 0
+    for plan in plans:
+        emit(f"trial {plan['trial']} (identity {plan['trial_key']}): targets {', '.join(plan['targets'])}")
+        for problem in plan["would_stop"]:
+            emit(f"  would stop before it computes: {problem}")
+        import yaml
+
+        emit("  " + yaml.safe_dump(plan["config"], sort_keys=False).replace("\n", "\n  ").rstrip())
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.core import schema
+    from orchestrator.core.execution import check_ray_address
+    from orchestrator.core.lifecycle import run_trial
+    from orchestrator.core.tracking import open_tracker
+
+    experiment, specs = selected_trials(args)
+    if args.dry_run:
+        return dry_run(experiment, specs, args.json)
+    tracker = open_tracker(args.tracking_uri)
+    check_ray_address(args.address)
+    storage = Path(args.storage).resolve()
+    results = []
+    for spec in specs:
+        result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force, experiment=experiment)
+        test = result.tests[schema.TEST]
+        results.append({
+            "trial": spec.name, "mlflow_run_id": result.run_id, "reused": result.reused, "best_epoch": result.best_epoch,
+            "axes": schema.axes(spec), "validation": _ranking_json(result.validation), "test": _ranking_json(test),
+            "timings": {k.removeprefix("time_"): v for k, v in result.timings.items()},
+            **({"interpolation_weight": test.weight} if test.weight is not None else {}),
+        })
+        if not args.json:
+            _print_trial(spec, result, results[-1], experiment, tracker)
+    if args.json:
+        emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if len(results) > 1
+                        else {"experiment": experiment, "tracking_uri": tracker.uri, **results[0]}, indent=2))
+    elif len(results) > 1:
+        emit(metrics_table([(f"test {FIRST_STAGE_NAMES[specs[0].first_stage.method]}", results[0]["test"]["bm25"])]
+                           + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
+    if not args.json and any(spec.robustness for spec in specs):
+        from orchestrator.report.robustness import trials_robustness
+        from orchestrator.report.tables import render_markdown
+
+        emit(render_markdown(trials_robustness(tracker, experiment, specs, [r["mlflow_run_id"] for r in results])))
+    return 0
+
+
+def _print_trial(spec, result, printed: dict, experiment: str, tracker) -> None:
+    from orchestrator.core import schema
+
+    test = result.tests[schema.TEST]
+    emit(f"trial {spec.name}: MLflow run {result.run_id} in experiment '{experiment}' ({tracker.uri})"
+         f"{' [reused]' if result.reused else ''}")
+    fused = test.weight is not None
+    model_label = f"model (w = {test.weight:.2f})" if fused else "model"
+    first = FIRST_STAGE_NAMES[spec.first_stage.method]
+    rows = [(f"validation  {first}", printed["validation"]["bm25"]), (f"validation  {model_label}", printed["validation"]["model"])]
+    rows += [("validation  cross-encoder", printed["validation"].get("cross_encoder", {}))] if fused else []
+    rows += [(f"test        {first}", printed["test"]["bm25"]), (f"test        {model_label}", printed["test"]["model"])]
+    rows += [("test        cross-encoder", printed["test"]["cross_encoder"])] if fused else []
+    how = "tuned on validation" if spec.reranking.interpolation == "tuned" else "fixed"
+    emit(f"chosen epoch {result.best_epoch}" + (
+        f"; model = w * cross-encoder + (1 - w) * BM25 (per-query min-max), w {how}" if fused else ""))
+    emit(metrics_table(rows))
+    if schema.TIME_PER_EPOCH in result.timings:
+        emit(f"training {result.timings[schema.TIME_PER_EPOCH]:.0f}s/epoch, trial {result.timings[schema.TIME_TRIAL]:.0f}s\n")

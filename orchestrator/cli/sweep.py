@@ -1,0 +1,80 @@
+"""``orchestrate sweep``: run (or resume) a sweep, or ``--dry-run`` it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from orchestrator.cli.output import add_address, add_storage, add_tracking, emit
+
+
+def add_parser(sub, common) -> None:
+    parser = sub.add_parser("sweep", help="run (or resume) a sweep: the grid x Optuna x Ray Tune x MLflow", parents=[common],
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("config", help="sweep YAML, e.g. search_spaces/demo.yaml")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the cells, trial and run counts, what is done and what would stop the sweep; "
+                             "run and write nothing")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_tracking(parser)
+    add_storage(parser)
+    add_address(parser)
+    parser.set_defaults(func=run)
+
+
+def load_sweep(path: str):
+    from orchestrator.sweep.grid import load_sweep as load
+
+    return load(Path(path))
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.core.execution import check_ray_address
+    from orchestrator.core.tracking import open_tracker
+    from orchestrator.sweep.grid import check_targets, expand_grid
+    from orchestrator.sweep.runner import dry_run_report, preflight, run_sweep, sweep_paths
+
+    sweep = load_sweep(args.config)
+    paths = sweep_paths(sweep, Path(args.storage))
+    if args.dry_run:
+        check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
+        report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
+    else:
+        tracker = open_tracker(args.tracking_uri)
+        check_ray_address(args.address)
+        report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose)
+    if args.json:
+        emit(json.dumps(report, indent=2))
+    else:
+        print_plan(report)
+    return 0
+
+
+def print_plan(report: dict) -> None:
+    emit(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
+         f"{report['trials_per_cell']} trials per cell -> {report['trials_planned']} trial runs, "
+         f"{report['mlflow_runs_planned']} MLflow runs (sweep + cells + trials"
+         f"{' + selectors' if report['selectors'] else ''})")
+    if report["unavailable_cells"]:
+        reasons = "; ".join(f"{n} cells: {why}" for why, n in report["unavailable_reasons"].items())
+        emit(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
+    emit(f"runnable now: {report['runnable_cells']} cells, {report['trials_runnable']} trials; "
+         f"done {report['trials_done']}, to run {report['trials_to_run']}")
+    if report["selectors"]:
+        emit(f"selectors: {len(report['selectors'])} (trained once each, before the cells that use them; "
+             f"{report['selectors_to_train']} to train)")
+        for s in report["selectors"]:
+            emit(f"  {s['name']:<28}{s['method']:<11}{s['model'][:25]:<26}{s['size']:>7} pairs (data: {s['data']}, "
+                 f"k {s['k']})  {s['cells']} cells  {'trained' if s['trained'] else 'to train'}")
+    for problem in report.get("preflight", []):
+        emit(f"would stop the sweep before it computes: {problem}")
+    width = max([22, *(len(c["loss"]) + 2 for c in report["cells_detail"])])
+    aug_width = max([13, *(len(c["augmentation"]) + 2 for c in report["cells_detail"])])
+    emit(f"{'cell':<22}{'model':<26}{'loss':<{width}}{'augmentation':<{aug_width}}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}"
+         "  searched / status")
+    for c in report["cells_detail"]:
+        status = c["unavailable"] or ", ".join(n.rstrip("_") for n in c["searched"])
+        best = f"{c['best']:.4f}" if c["best"] is not None else "-"
+        emit(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<{width}}{c['augmentation']:<{aug_width}}{c['size']:>7}"
+             f"{c['seed']:>6}{c['trials_done']:>6}{best:>8}  {status}")
