@@ -14,6 +14,7 @@ import os
 import sys
 from importlib import import_module
 
+from orchestrator.cli.output import HelpFormatter
 from workloads.errors import InputError
 from workloads.logs import LEVEL_ENV, get_logger
 from workloads.logs import configure as configure_logging
@@ -52,7 +53,7 @@ def _verbosity(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="orchestrate", description="rerank-lab: neural re-ranking experiments (README, docs/)",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"rerank-lab {_version()}")
     _verbosity(parser, suppress=False)  # before the command (orchestrate -v sweep ...) or after it
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser, metavar="COMMAND")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from orchestrator.cli.output import bounded, emit
+from orchestrator.cli.output import HelpFormatter, bounded, emit
 from workloads.errors import InputError
 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("augment", help="build (or reuse) a trial's augmentations and show examples", parents=[common],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     parser.add_argument("config", help="trial YAML with augmentation")
     parser.add_argument("--trial", help="only this trial of a multi-trial file")
     parser.add_argument("--show", type=bounded(int, 0, what="a number of examples"), default=3, help="examples to print")

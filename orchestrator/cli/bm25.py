@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from orchestrator.cli.output import bounded, emit, metrics_table
+from orchestrator.cli.output import HelpFormatter, bounded, emit, metrics_table
 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("bm25", help="BM25 first stage (Pyserini) on a collection split, with its metrics", parents=[common],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     parser.add_argument("--dataset", required=True, help="beir/<name>, a directory, or an ir_datasets id")
     parser.add_argument("--split", default="test", help="the split whose queries are retrieved and judged")
     parser.add_argument("--k", type=bounded(int, 1, what="hits per query"), default=1000, help="hits per query")

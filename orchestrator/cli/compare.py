@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from orchestrator.cli.output import add_tracking, bounded, emit
+from orchestrator.cli.output import HelpFormatter, add_tracking, bounded, emit
 
 
 def add_parser(sub, common) -> None:
@@ -13,7 +13,7 @@ def add_parser(sub, common) -> None:
 
     parser = sub.add_parser("compare", help="two MLflow runs (cells or tested trials), or a run and its BM25: measures, "
                                             "p-values, most changed queries (`orchestrate runs FILE` lists the ids)",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("run_a", metavar="RUN_A", help="an MLflow run id (RUN:bm25 is that run's first stage)")
     parser.add_argument("run_b", metavar="RUN_B", nargs="?", help="another run id, or RUN:bm25 (default: RUN_A's own BM25)")
     parser.add_argument("--collection", help="test (default) or a zero-shot collection name")

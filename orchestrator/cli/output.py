@@ -44,6 +44,15 @@ def metrics_table(rows: list[tuple[str, dict[str, float]]]) -> str:
 # ----------------------------------------------------------------------------- option values
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help, where it has one worth saying (not None, not a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, argparse.SUPPRESS) or "default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def bounded(kind: type, low: float | None = None, high: float | None = None, what: str = "a value"):
     """An argparse ``type`` that takes a finite number in [low, high] (one line otherwise)."""
     import math

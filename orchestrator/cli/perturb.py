@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.cli.output import bounded, emit
+from orchestrator.cli.output import HelpFormatter, bounded, emit
 from workloads.errors import InputError
 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("perturb", help="a split's queries and their perturbed variants side by side", parents=[common],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     parser.add_argument("dataset", help="a collection reference, e.g. wikiqa or beir/scifact")
     parser.add_argument("--split", default="test", help="the split whose queries are perturbed")
     parser.add_argument("--show", type=bounded(int, 0, what="a number of queries"), default=5, help="queries to print")

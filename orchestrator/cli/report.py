@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.cli.output import add_storage, add_tracking, bounded, emit
+from orchestrator.cli.output import HelpFormatter, add_storage, add_tracking, bounded, emit
 from workloads.errors import InputError
 from workloads.logs import get_logger
 
@@ -18,7 +18,7 @@ def add_parser(sub, common) -> None:
     from workloads.significance import CORRECTIONS, PAIRED_TESTS
 
     parser = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("sweeps", nargs="+", metavar="SWEEP", help="sweep YAML(s); several for --transfer")
     parser.add_argument("--metric", default="ndcg@10", help="nDCG@10, nDCG@20, RR@10, RR@100, AP, MAP@20 or P@1")
     parser.add_argument("--rows", default="model,size", help="row axes, comma-separated")

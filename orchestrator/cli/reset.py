@@ -8,13 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.cli.output import add_storage, add_tracking, emit
+from orchestrator.cli.output import HelpFormatter, add_storage, add_tracking, emit
 from workloads.errors import InputError
 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("reset", help="forget a sweep's trials and runs so that it starts afresh (prepared data is kept)",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("config", help="the sweep YAML")
     parser.add_argument("--yes", action="store_true", help="do it without asking")
     add_tracking(parser)

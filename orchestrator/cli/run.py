@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.cli.output import add_address, add_tracking, emit, metrics_table
+from orchestrator.cli.output import HelpFormatter, add_address, add_tracking, emit, metrics_table
 from workloads.errors import InputError
 
 FIRST_STAGE_NAMES = {"bm25": "BM25", "given": "given order", "run": "run file"}  # first_stage.method -> a row label
@@ -14,7 +14,7 @@ FIRST_STAGE_NAMES = {"bm25": "BM25", "given": "given order", "run": "run file"} 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("run", help="run the trials of a file (train, validate, test), each tracked in MLflow",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("config", help="trial YAML, e.g. search_spaces/trial-scifact.yaml or rq1-scifact.yaml")
     parser.add_argument("--trial", help="run only this trial of a multi-trial file")
     parser.add_argument("--dry-run", action="store_true",

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.cli.output import add_tracking, emit
+from orchestrator.cli.output import HelpFormatter, add_tracking, emit
 from workloads.errors import InputError
 
 KINDS = ("sweep", "cell", "trial", "selector")
@@ -14,7 +14,7 @@ KINDS = ("sweep", "cell", "trial", "selector")
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("runs", help="list a sweep's or trial file's MLflow runs with their ids (for compare, the UI)",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("config", help="a sweep YAML or a trial YAML")
     parser.add_argument("--kind", choices=KINDS, help="only runs of this kind (default: every kind)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

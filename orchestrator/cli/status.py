@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.cli.output import add_storage, add_tracking, emit
+from orchestrator.cli.output import HelpFormatter, add_storage, add_tracking, emit
 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("status", help="a sweep's progress: cells done/running/failed, best so far, ETA (reads only)",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("config", help="the sweep YAML")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tracking(parser)

@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.cli.output import add_address, add_storage, add_tracking, emit
+from orchestrator.cli.output import HelpFormatter, add_address, add_storage, add_tracking, emit
 
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("sweep", help="run (or resume) a sweep: the grid x Optuna x Ray Tune x MLflow", parents=[common],
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
     parser.add_argument("config", help="sweep YAML, e.g. search_spaces/demo.yaml")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the cells, trial and run counts, what is done and what would stop the sweep; "

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from orchestrator.cli.output import add_tracking, bounded
+from orchestrator.cli.output import HelpFormatter, add_tracking, bounded
 from workloads.errors import InputError
 from workloads.logs import get_logger
 
@@ -17,7 +17,7 @@ log = get_logger("orchestrate")
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose)",
-                            parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            parents=[common], formatter_class=HelpFormatter)
     add_tracking(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
     parser.add_argument("--port", type=bounded(int, 1, 65535, what="a TCP port"), default=5000, help="port to serve on")

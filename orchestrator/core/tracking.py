@@ -147,6 +147,9 @@ class Tracker:
             run_id = previous.info.run_id
             self.client.update_run(run_id, status="RUNNING")
             self.resumed(run_id)
+            stale = {k: v for k, v in tags.items() if previous.data.tags.get(k) != v}
+            if stale:  # what describes this attempt (a resumed trial's Optuna number, its data)
+                self.set_tags(run_id, stale)
             return run_id
         run = self.client.create_run(experiment_id, run_name=run_name,
                                      tags={schema.TRIAL_KEY_TAG: trial_key, schema.KIND_TAG: kind, **tags})

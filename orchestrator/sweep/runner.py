@@ -42,7 +42,7 @@ from orchestrator.core.lifecycle import (
     training_data_identity,
     training_summary,
 )
-from orchestrator.core.tracking import Tracker
+from orchestrator.core.tracking import Tracker, check_sqlite_file
 from orchestrator.sweep.grid import Cell, SweepSpec, check_owner, check_targets, expand_grid, sweep_file
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.search import (
@@ -111,6 +111,7 @@ def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
     cells = expand_grid(sweep)
     existing: set[str] = set()
     if paths is not None and (paths.root / "optuna.db").exists():
+        check_sqlite_file(paths.root / "optuna.db", "Optuna storage")
         existing = {s.study_name for s in optuna.get_all_study_summaries(paths.optuna_url)}
     out = []
     for cell in cells:
@@ -598,6 +599,8 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
             tracker.log_metrics(run.info.run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
             tracker.log_json(run.info.run_id, "", "data_stats.json", prepared[cell.key].data_stats)
 
+    if (paths.root / "optuna.db").exists():
+        check_sqlite_file(paths.root / "optuna.db", "Optuna storage")
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url, interruption)
     closed = reconcile_trial_runs(tracker, experiment_id, searcher)
     if closed:

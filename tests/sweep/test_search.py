@@ -1,0 +1,72 @@
+"""Per-cell searches across restarts: a resumed study samples anew, and no cell draws a parameter set twice."""
+
+import optuna
+
+from orchestrator.sweep.grid import SweepSpec, expand_grid
+from orchestrator.sweep.search import COUNTED, CellStudiesSearcher, open_study, sample
+
+SWEEP = {"name": "s", "base": {"data": {"collection": "beir/scifact"}},
+         "grid": {"models": ["m"], "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
+                  "augmentations": [{"method": "bm25"}], "sizes": [100]},
+         "search": {"trials_per_cell": 4, "learning_rate": {"low": 1e-5, "high": 1e-3, "log": True},
+                    "lambda": {"low": 0.0, "high": 1.0}, "tau": {"low": 0.05, "high": 0.5}, "k": {"choices": [1, 2]}}}
+
+
+def _cell(search=None):
+    sweep = SweepSpec.model_validate({**SWEEP, "search": {**SWEEP["search"], **(search or {})}})
+    return sweep, next(c for c in expand_grid(sweep) if not c.is_baseline)
+
+
+def _draw(study, cell, search):
+    trial = study.ask()
+    params = sample(trial, cell, search)
+    study.tell(trial, 0.5)
+    return params
+
+
+def test_a_resumed_study_does_not_draw_its_first_trials_again(tmp_path):
+    """The demo's sampler seeds stay for a fresh study; one that holds trials gets a seed of its own
+    (a restarted driver drew trial 0's parameters again as trial 1 before)."""
+    sweep, cell = _cell()
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first = _draw(open_study(url, cell, sweep.search), cell, sweep.search)
+    fresh = optuna.create_study(storage=f"sqlite:///{tmp_path / 'other.db'}", study_name=cell.key)
+    fresh.sampler = open_study(f"sqlite:///{tmp_path / 'third.db'}", cell, sweep.search).sampler
+    assert _draw(fresh, cell, sweep.search) == first  # a fresh study: the same seeded draw as ever
+    resumed = _draw(open_study(url, cell, sweep.search), cell, sweep.search)  # the driver restarts
+    assert resumed != first
+
+
+def test_the_searcher_never_hands_out_a_parameter_set_the_cell_tried(tmp_path):
+    """A finite space (k x learning rate: 4 sets) and 4 trials per cell: the 4 trials handed out are the 4
+    distinct sets, though the sampler repeats itself; repeated draws are uncounted failures."""
+    sweep, cell = _cell({"learning_rate": {"choices": [1e-4, 3e-4]}, "lambda": {"choices": [0.5]},
+                         "tau": {"choices": [0.1]}})
+    searcher = CellStudiesSearcher([cell], sweep.search, f"sqlite:///{tmp_path / 'optuna.db'}")
+    handed = []
+    for number in range(4):
+        config = searcher.suggest(f"t{number}")
+        handed.append(tuple(sorted(config["params"].items())))
+        searcher.on_trial_result(f"t{number}", {"val_ndcg_at_10": 0.1 * number, "epoch": 1, "final": 1})
+        searcher.on_trial_complete(f"t{number}", {"val_ndcg_at_10": 0.1 * number})
+    assert len(set(handed)) == 4
+    study = searcher.studies[cell.key]
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 4
+    repeated = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert all(not t.user_attrs.get(COUNTED) for t in repeated)  # they ran nothing and use up no slot
+    assert searcher.suggest("t9") == "FINISHED"
+
+
+def test_an_interrupted_trial_is_asked_again_with_its_parameters(tmp_path):
+    from orchestrator.sweep.search import TRAIN_RUN, requeue_interrupted
+
+    sweep, cell = _cell()
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = CellStudiesSearcher([cell], sweep.search, url)
+    config = searcher.suggest("t0")  # the driver dies while it runs
+    study = open_study(url, cell, sweep.search)
+    assert requeue_interrupted(study) == 1
+    again = CellStudiesSearcher([cell], sweep.search, url).suggest("t1")
+    assert again["params"] == config["params"] and again["train_run"] == config["train_run"]
+    assert study.trials[-1].user_attrs[TRAIN_RUN] == config["train_run"]
