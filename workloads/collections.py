@@ -170,7 +170,13 @@ def read_beir_corpus(path: Path) -> dict[str, Document]:
 
 
 def read_beir_queries(path: Path) -> dict[str, str]:
-    queries = {str(r["_id"]): str(r["text"]) for r in _read_jsonl(path, ("_id", "text"))}
+    queries: dict[str, str] = {}
+    for number, record in enumerate(_read_jsonl(path, ("_id", "text")), 1):
+        query_id = str(record["_id"])
+        if query_id in queries and queries[query_id] != str(record["text"]):
+            raise InputError(path, f"query '{query_id}' appears twice with different texts (record {number}): which "
+                                   "text is meant? give every query one _id")
+        queries[query_id] = str(record["text"])
     if not queries:
         raise InputError(path, "no queries")
     return queries
@@ -226,7 +232,11 @@ def read_trec_topics(path: Path) -> dict[str, str]:
         fields = line.rstrip("\n").split("\t")
         if len(fields) < 2 or not fields[1].strip():
             raise InputError(f"{path}:{line_no}", "expected 'query-id<TAB>query text'")
-        topics[fields[0].strip()] = fields[1].strip()
+        query_id, text = fields[0].strip(), fields[1].strip()
+        if query_id in topics and topics[query_id] != text:
+            raise InputError(f"{path}:{line_no}", f"topic '{query_id}' appears twice with different texts: which "
+                                                  "text is meant? give every topic one id")
+        topics[query_id] = text
     if not topics:
         raise InputError(path, "no topics")
     return topics
@@ -568,10 +578,13 @@ def collection_identity(ref: str) -> str:
             parts.append(collection_identity(str(local / corpus) if (local / corpus).is_dir() else corpus))
     identity = stable_key(*parts)
     if cache_dir().is_dir():  # remembered where a cache exists (a command that only reads creates none)
-        remembered.parent.mkdir(parents=True, exist_ok=True)
         temporary = remembered.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"directory": str(local), "identity": identity}))
-        temporary.replace(remembered)
+        try:
+            remembered.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"directory": str(local), "identity": identity}))
+            temporary.replace(remembered)
+        except OSError:  # a read-only cache: the identity is computed again next time, nothing fails
+            temporary.unlink(missing_ok=True)
     return identity
 
 

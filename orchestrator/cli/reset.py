@@ -29,12 +29,13 @@ def run(args: argparse.Namespace) -> int:
     runs, training sets, trained selectors) stays: the restarted sweep reuses it."""
     from orchestrator.cli.sweep import load_sweep
     from orchestrator.core.tracking import open_tracker
-    from orchestrator.sweep.runner import sweep_lock, sweep_paths
+    from orchestrator.sweep.runner import check_store_owner, sweep_lock, sweep_paths
 
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
     tracker = open_tracker(args.tracking_uri, write=False)
     experiment = tracker.client.get_experiment_by_name(sweep.name) if tracker is not None else None
+    check_store_owner(sweep, paths, tracker, experiment)  # never another file's sweep of the same name
     if not paths.root.exists() and experiment is None:
         raise InputError(args.config, f"nothing to reset: no trace of sweep '{sweep.name}' in {paths.root}"
                                       + (f" or {tracker.uri}" if tracker else ""))

@@ -48,15 +48,25 @@ def _ranking_json(ranking) -> dict:
     return out
 
 
-def dry_run(experiment: str, specs, as_json: bool) -> int:
+def dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
     """What ``run`` would do, checked (models, collections, held-out targets) but not run."""
     from orchestrator.core import schema
-    from orchestrator.core.lifecycle import preflight_trial, targets
+    from orchestrator.core.lifecycle import preflight_trial, target_overlap, targets
 
     plans = []
     for spec in specs:
+        would_stop = preflight_trial(spec)
+        for target in targets(spec):  # held out, by configuration and by the queries of local collections
+            try:
+                problem = target_overlap(spec, target)
+            except InputError as exc:  # a split that cannot be read: the trial would stop on it
+                would_stop.append(str(exc))
+                break
+            if problem is not None:
+                raise InputError(f"{config}: trial {spec.name}", problem + ": a test must be held out (choose another "
+                                                                           "split or collection)")
         plans.append({"trial": spec.name, "trial_key": schema.trial_key(spec), "axes": schema.axes(spec),
-                      "targets": [t.name for t in targets(spec)], "would_stop": preflight_trial(spec),
+                      "targets": [t.name for t in targets(spec)], "would_stop": list(dict.fromkeys(would_stop)),
                       "config": spec.model_dump(mode="json", by_alias=True)})
     if as_json:
         emit(json.dumps({"experiment": experiment, "trials": plans}, indent=2))
@@ -74,18 +84,26 @@ def dry_run(experiment: str, specs, as_json: bool) -> int:
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core import schema
     from orchestrator.core.execution import check_ray_address
+    from orchestrator.core.interrupts import Interrupted, interruptible
     from orchestrator.core.lifecycle import run_trial
     from orchestrator.core.tracking import open_tracker
 
     experiment, specs = selected_trials(args)
     if args.dry_run:
-        return dry_run(experiment, specs, args.json)
+        return dry_run(args.config, experiment, specs, args.json)
+    check_ray_address(args.address)  # before the first write: a dead address leaves no store behind
     tracker = open_tracker(args.tracking_uri)
-    check_ray_address(args.address)
     storage = Path(args.storage).resolve()
     results = []
     for spec in specs:
-        result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force, experiment=experiment)
+        with interruptible():  # SIGTERM as Ctrl-C: the trial's run is marked interrupted, never left open
+            try:
+                result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force,
+                                   experiment=experiment)
+            except KeyboardInterrupt:
+                raise Interrupted(f"trial {spec.name} stopped before it finished (its MLflow run, once started, is "
+                                  f"KILLED and tagged interrupted; {len(results)} finished trial(s) of this file are "
+                                  "kept): run the same command again to resume from its last checkpoint") from None
         test = result.tests[schema.TEST]
         results.append({
             "trial": spec.name, "mlflow_run_id": result.run_id, "reused": result.reused, "best_epoch": result.best_epoch,

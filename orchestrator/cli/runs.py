@@ -28,16 +28,22 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.core.tracking import open_tracker
 
     data, _ = read_yaml(Path(args.config))
+    sweep = None
     if "grid" in data:
         from orchestrator.cli.sweep import load_sweep
 
-        experiment = load_sweep(args.config).name
+        sweep = load_sweep(args.config)
+        experiment = sweep.name
     else:
         from orchestrator.cli.run import selected_trials
 
         experiment, _ = selected_trials(args)
     tracker = open_tracker(args.tracking_uri, write=False)
     found = tracker.client.get_experiment_by_name(experiment) if tracker is not None else None
+    if sweep is not None and found is not None:
+        from orchestrator.sweep.grid import check_owner
+
+        check_owner(sweep, found.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{experiment}' of {tracker.uri}")
     if found is None:
         raise InputError(args.config, f"no MLflow experiment '{experiment}' in {tracker.uri if tracker else 'this store'}: "
                                       "nothing has run yet (or give --tracking-uri)")

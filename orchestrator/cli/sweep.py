@@ -31,7 +31,7 @@ def load_sweep(path: str):
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core.execution import check_ray_address
-    from orchestrator.core.tracking import open_tracker
+    from orchestrator.core.tracking import check_tracking_uri, open_tracker
     from orchestrator.sweep.grid import check_targets, expand_grid
     from orchestrator.sweep.runner import dry_run_report, preflight, run_sweep, sweep_paths
 
@@ -41,8 +41,12 @@ def run(args: argparse.Namespace) -> int:
         check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
         report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
     else:
-        tracker = open_tracker(args.tracking_uri)
+        # Every check that can refuse comes before the first write: a Ray address that does not
+        # answer or a storage that cannot be written leaves no MLflow store behind.
         check_ray_address(args.address)
+        check_tracking_uri(args.tracking_uri)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        tracker = open_tracker(args.tracking_uri)
         report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose)
     if args.json:
         emit(json.dumps(report, indent=2))
@@ -59,8 +63,13 @@ def print_plan(report: dict) -> None:
     if report["unavailable_cells"]:
         reasons = "; ".join(f"{n} cells: {why}" for why, n in report["unavailable_reasons"].items())
         emit(f"unavailable: {report['unavailable_cells']} cells ({reasons})")
-    emit(f"runnable now: {report['runnable_cells']} cells, {report['trials_runnable']} trials; "
-         f"done {report['trials_done']}, to run {report['trials_to_run']}")
+    counts = (f"{report['runnable_cells']} cells, {report['trials_runnable']} trials; done {report['trials_done']}, "
+              f"to run {report['trials_to_run']}")
+    if report.get("preflight"):  # the real sweep refuses before it computes: nothing is runnable as things stand
+        emit(f"runnable now: none: {len(report['preflight'])} problem(s) below would stop the sweep (once they are "
+             f"solved: {counts})")
+    else:
+        emit(f"runnable now: {counts}")
     if report["selectors"]:
         emit(f"selectors: {len(report['selectors'])} (trained once each, before the cells that use them; "
              f"{report['selectors_to_train']} to train)")

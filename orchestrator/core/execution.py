@@ -7,6 +7,7 @@ checkpoint per epoch scored by validation nDCG@10.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -262,8 +263,25 @@ def epoch_results(result) -> list[EpochResult]:
 
 
 def train_on_ray(spec, inputs, storage_path: Path, run_name: str) -> list[EpochResult]:
-    """Fit the trial with Ray Train; returns every epoch's metrics and persisted checkpoint."""
-    return epoch_results(make_trainer(spec, inputs, storage_path, run_name).fit())
+    """Fit the trial with Ray Train; returns every epoch's metrics and persisted checkpoint.
+
+    Ctrl-C raises :class:`KeyboardInterrupt` here once the run's workers are stopped. In a main
+    thread Ray Train's ``fit()`` installs a SIGINT handler that exits the process (status 1, no
+    word, the trial's MLflow run left open) and is never removed; its one hook for that,
+    ``_register_sigint_handler``, is given our list instead, which keeps the controller to abort."""
+    import ray
+
+    trainer = make_trainer(spec, inputs, storage_path, run_name)
+    controllers: list = []
+    if hasattr(trainer, "_register_sigint_handler"):
+        trainer._register_sigint_handler = controllers.append
+    try:
+        return epoch_results(trainer.fit())
+    except KeyboardInterrupt:
+        for controller in controllers:  # stop the workers now; the run resumes from its last checkpoint
+            with contextlib.suppress(Exception):
+                ray.get(controller.abort.remote(), timeout=30)
+        raise
 
 
 def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str, interpolation: float | str = "none"):

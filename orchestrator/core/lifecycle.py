@@ -452,12 +452,16 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         from workloads.selectors.training import prepare_selector
 
         prepare_selector(selectors[0])  # its data is known good before MLflow is written
+        init_ray(ray_address)
+        check_resources(spec)  # the selector trains with the trial's resources: refused before it waits forever
         experiment_id = tracker.experiment_id(experiment or spec.name)
         ensure_selector(selectors[0], tracker, experiment_id, storage_path, ray_address)
     prepared = prepare_trial(spec)
     for target in evaluation_targets[1:]:  # every target's data before training: a bad one stops the trial now
         prepare_trial(target.spec)
     prepare_seconds = time.perf_counter() - started
+    init_ray(ray_address)
+    check_resources(spec)  # a worker no node can hold would wait forever: refused before the trial's run is written
 
     experiment_id = tracker.experiment_id(experiment or spec.name)  # written only once the inputs are known good
     run_id = tracker.start_trial_run(experiment_id, spec.name, key, schema.flat_params(spec),
@@ -467,8 +471,6 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
         tracker.log_json(run_id, "", "data_stats.json", prepared.data_stats)
         tracker.log_json(run_id, "", "config.json", spec.model_dump(mode="json"))
 
-        init_ray(ray_address)
-        check_resources(spec)
         train_started = time.perf_counter()
         # Train V2 restores a run from storage by name: a crashed attempt resumes from its last
         # epoch checkpoint; its data's identity is part of the name, so a run on changed data

@@ -56,26 +56,33 @@ def check_sqlite_file(path: Path, what: str) -> None:
         raise InputError(path, f"cannot read this {what} ({exc}): it is left as it is; move it away to start afresh") from None
 
 
-def open_tracker(cli_value: str | None, write: bool = True) -> Tracker | None:
-    """The tracking store of ``--tracking-uri`` (or $MLFLOW_TRACKING_URI, or SQLite in
-    ``.orchestrate/``), checked before anything uses it: a scheme MLflow takes, a SQLite file
-    that is a database, a server that answers within seconds. ``write=False`` (a command that
-    only reads) creates nothing and returns None when a SQLite store does not exist yet."""
+def check_tracking_uri(cli_value: str | None) -> str:
+    """The tracking URI of ``--tracking-uri`` (or $MLFLOW_TRACKING_URI, or SQLite in
+    ``.orchestrate/``), checked without writing anything: a scheme MLflow takes, a SQLite file
+    that is a database, a server that answers within seconds."""
     uri = resolve_tracking_uri(cli_value)
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
     if scheme not in TRACKING_SCHEMES:
         raise InputError(uri, f"not a tracking URI MLflow takes (schemes: {', '.join(TRACKING_SCHEMES)}; e.g. "
                               "sqlite:///path/mlflow.db or http://host:5000)")
     path = sqlite_path(uri)
-    if path is not None:
-        if path.exists():
-            check_sqlite_file(path, "MLflow store")
-        elif not write:
-            return None
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+    if path is not None and path.exists() and path.stat().st_size > 0:
+        check_sqlite_file(path, "MLflow store")
     elif scheme in ("http", "https"):
         check_server(uri)
+    return uri
+
+
+def open_tracker(cli_value: str | None, write: bool = True) -> Tracker | None:
+    """The tracking store, checked first (:func:`check_tracking_uri`). ``write=False`` (a command
+    that only reads) creates nothing and returns None when a SQLite store does not exist yet or
+    is an empty file (a read must not turn it into a store)."""
+    uri = check_tracking_uri(cli_value)
+    path = sqlite_path(uri)
+    if path is not None and not (path.exists() and path.stat().st_size > 0):
+        if not write:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
     return Tracker(uri)
 
 

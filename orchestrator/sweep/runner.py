@@ -461,6 +461,17 @@ def bind_store(sweep: SweepSpec, paths: SweepPaths, tracker: Tracker | None = No
             tracker.client.set_experiment_tag(experiment.experiment_id, schema.SWEEP_FILE_TAG, str(sweep_file(sweep)))
 
 
+def check_store_owner(sweep: SweepSpec, paths: SweepPaths, tracker: Tracker | None = None, experiment=None) -> None:
+    """Read only: the storage and the MLflow experiment of this sweep's name belong to this
+    sweep's file (or to none yet); another file's are one line (what ``status`` and ``reset``
+    check before they read or remove anything)."""
+    if tracker is not None and experiment is not None:
+        check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}")
+    record = paths.root / SWEEP_RECORD
+    if record.exists():
+        check_owner(sweep, json.loads(record.read_text()).get("file"), str(paths.root))
+
+
 @contextlib.contextmanager
 def sweep_lock(paths: SweepPaths):
     """One process runs a sweep at a time: a second one refuses with one line instead of racing
@@ -570,6 +581,8 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     check_targets(sweep, cells)  # held out by their queries too, before anything is prepared
     experiment = tracker.client.get_experiment_by_name(sweep.name)
     bind_store(sweep, paths, tracker, experiment)
+    if (paths.root / "optuna.db").exists():
+        check_sqlite_file(paths.root / "optuna.db", "Optuna storage")
     if experiment is not None:
         stale = stale_trials(tracker, experiment.experiment_id, cells)
         if stale:
@@ -577,6 +590,7 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
                              f"the training data changed since {len(stale)} finished trial(s) of this sweep ran (e.g. "
                              f"{stale[0]}): they describe other data; start afresh with `orchestrate reset`, or rename "
                              "the sweep (name:)")
+    _check_cluster(sweep, cells, ray_address)  # a worker no node can hold would wait forever
     log.info("preparing data for %d cells", len(cells))
     for selector in selectors_needed([c.spec for c in cells]):
         prepare_selector(selector)  # its data is known good before anything is written
@@ -587,6 +601,55 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     # MLflow is written once every input is known good.
     experiment_id = tracker.experiment_id(sweep.name)
     bind_store(sweep, paths, tracker, tracker.client.get_experiment(experiment_id))
+    try:
+        return _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, verbose, interruption,
+                                supervised, prepared)
+    except InputError as exc:
+        # A problem found only now (a selector's data, a zero-shot target) leaves no run RUNNING
+        # that nothing runs: `status` would count it as running forever.
+        close_open_runs(tracker, experiment_id, exc)
+        raise
+    except KeyboardInterrupt:  # before or between the steps that say what they keep themselves
+        closed = close_open_runs(tracker, experiment_id)
+        raise Interrupted(f"sweep {sweep.name} interrupted before its search ended: {closed} open run(s) marked "
+                          "interrupted, nothing reported as complete; run the same command again to resume") from None
+
+
+def _check_cluster(sweep: SweepSpec, cells: list[Cell], ray_address: str | None) -> None:
+    """Every cell's workers fit on some node (of the live cluster, or of the autoscaler's node
+    types), checked before any data is prepared or any run is written."""
+    from orchestrator.core.execution import check_resources, init_ray
+
+    init_ray(ray_address)
+    asks = {(c.spec.resources.cpus_per_worker, c.spec.resources.use_gpu): c.spec for c in cells}
+    for spec in asks.values():  # one look at the cluster per distinct request, not per cell
+        check_resources(spec)
+
+
+def close_open_runs(tracker: Tracker, experiment_id: str, error: InputError | None = None) -> int:
+    """Ends the sweep's, cells' and selectors' runs still RUNNING: FAILED with ``error``, else
+    KILLED and tagged interrupted (Ctrl-C). Returns how many. Trial runs are left to their Optuna
+    outcome (:func:`reconcile_trial_runs` on resume). Best effort: the error that brought us here
+    is the one the user sees."""
+    closed = 0
+    with contextlib.suppress(Exception):
+        for run in tracker.client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=50_000):
+            if run.data.tags.get(schema.KIND_TAG, schema.TRIAL) == schema.TRIAL:
+                continue
+            if error is not None:
+                tracker.fail(run.info.run_id, "error", error)
+            else:
+                tracker.set_tags(run.info.run_id, {schema.INTERRUPTED_TAG: "true"})
+                tracker.finish(run.info.run_id, "KILLED")
+            closed += 1
+    return closed
+
+
+def _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, verbose, interruption, supervised,
+                     prepared) -> dict:
+    """Everything after the first MLflow write: selectors, cell runs, the search, the winners' tests."""
+    from orchestrator.core.interrupts import Interrupted
+
     _train_selectors(sweep, cells, tracker, experiment_id, paths, ray_address)
     _prepare_cells(sweep, supervised, prepared)  # augmentations with the trained selectors
     cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
@@ -599,8 +662,6 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
             tracker.log_metrics(run.info.run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
             tracker.log_json(run.info.run_id, "", "data_stats.json", prepared[cell.key].data_stats)
 
-    if (paths.root / "optuna.db").exists():
-        check_sqlite_file(paths.root / "optuna.db", "Optuna storage")
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url, interruption)
     closed = reconcile_trial_runs(tracker, experiment_id, searcher)
     if closed:
@@ -647,10 +708,9 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
     """The Tune run of every remaining trial (one scheduling pool); returns early when interrupted."""
     import ray.tune
 
-    from orchestrator.core.execution import check_resources, init_ray
+    from orchestrator.core.execution import init_ray
 
     init_ray(ray_address)
-    check_resources(cells[0].spec)  # a worker no node can hold would wait forever
     concurrent = _max_concurrent(sweep, cells)
     log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
              "" if verbose else f"; Ray's own output goes to {paths.log_file}")
@@ -793,11 +853,7 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) 
         raise InputError(sweep_file(sweep) or sweep.name, f"no trace of sweep '{sweep.name}' in {where}: it has not "
                                                           "started there (give --storage and --tracking-uri of the store "
                                                           "it ran with)")
-    if experiment is not None:
-        check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}")
-    record = paths.root / SWEEP_RECORD
-    if record.exists():
-        check_owner(sweep, json.loads(record.read_text()).get("file"), str(paths.root))
+    check_store_owner(sweep, paths, tracker, experiment)
     plan = dry_run_report(sweep, paths)
     runs = tracker.client.search_runs([experiment.experiment_id], max_results=50_000) if experiment else []
     trials = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.TRIAL]

@@ -5,7 +5,6 @@ that only read write nothing; the first-use conveniences a new user looks for.""
 import os
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +85,24 @@ def test_a_duplicate_document_id_is_refused(tmp_path, tiny_beir):
     one_line(cli(tmp_path, "bm25", "--dataset", str(tiny_beir)), "corpus.jsonl", "document 'd2' appears twice")
 
 
+def test_a_query_id_given_twice_with_two_texts_is_refused(tmp_path, tiny_beir):
+    with open(tiny_beir / "queries.jsonl", "a") as queries:
+        queries.write('{"_id": "q1", "text": "what meows"}\n')
+    one_line(cli(tmp_path, "bm25", "--dataset", str(tiny_beir)), "queries.jsonl", "query 'q1' appears twice")
+    assert not (tmp_path / ".orchestrate").exists()
+
+
+def test_run_dry_run_refuses_a_target_that_shares_queries_with_training(tmp_path, tiny_beir):
+    (tiny_beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    (tiny_beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\nq3\td3\t1\n")
+    config = {"name": "t", "data": {"collection": str(tiny_beir), "train_split": "train", "validation_split": "dev"},
+              "model": {"name": "minilm-l6"}}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(config))
+    one_line(cli(tmp_path, "run", "t.yaml", "--dry-run"), "t.yaml: trial t", "shares 1 queries with the training split 'train'",
+             "a test must be held out")
+    assert not (tmp_path / ".orchestrate").exists()
+
+
 def test_a_run_file_that_is_not_utf8_is_one_line(tmp_path):
     run_file = tmp_path / "run.trec"
     run_file.write_bytes(b"q1 Q0 d\xff1 1 2.0 x\n")
@@ -146,12 +163,14 @@ def test_run_dry_run_prints_the_resolved_trial_and_what_would_stop_it(tmp_path):
 def test_a_tracking_uri_of_an_unknown_kind(tmp_path):
     one_line(cli(tmp_path, "sweep", str(_sweep_file(tmp_path)), "--tracking-uri", "foo://bar"),
              "foo://bar: not a tracking URI MLflow takes")
+    assert files_under(tmp_path) == {"s.yaml"}  # checked before the storage is created
 
 
 def test_a_tracking_server_that_does_not_answer_fails_within_seconds(tmp_path):
     port = free_port()
     proc = cli(tmp_path, "sweep", str(_sweep_file(tmp_path)), "--tracking-uri", f"http://127.0.0.1:{port}", timeout=60)
     one_line(proc, f"http://127.0.0.1:{port}: no MLflow tracking server answers there")
+    assert files_under(tmp_path) == {"s.yaml"}
 
 
 def test_a_ray_address_that_does_not_answer_fails_within_seconds(tmp_path):
@@ -159,6 +178,7 @@ def test_a_ray_address_that_does_not_answer_fails_within_seconds(tmp_path):
     proc = cli(tmp_path, "sweep", str(_sweep_file(tmp_path)), "--address", f"127.0.0.1:{port}", "--tracking-uri",
                f"sqlite:///{tmp_path / 'm.db'}", timeout=60)
     one_line(proc, f"127.0.0.1:{port}: no Ray cluster answers there")
+    assert files_under(tmp_path) == {"s.yaml"}  # refused before the MLflow store or the storage is created
 
 
 @pytest.mark.parametrize("name", ["mlflow.db", "optuna.db"])
@@ -179,6 +199,7 @@ def test_a_read_only_storage_is_one_line(tmp_path):
     proc = cli(tmp_path, "sweep", str(_sweep_file(tmp_path)), "--storage", str(READ_ONLY), "--tracking-uri",
                f"sqlite:///{tmp_path / 'm.db'}")
     one_line(proc, str(READ_ONLY), "cannot write here")
+    assert files_under(tmp_path) == {"s.yaml"}  # the storage is checked before the MLflow store is created
 
 
 def test_status_in_a_directory_without_the_sweeps_stores_says_so_and_writes_nothing(tmp_path):
@@ -186,6 +207,9 @@ def test_status_in_a_directory_without_the_sweeps_stores_says_so_and_writes_noth
     one_line(cli(tmp_path, "status", str(sweep)), "no trace of sweep 's'", "it has not started there")
     one_line(cli(tmp_path, "-v", "status", str(sweep), "--storage", str(READ_ONLY)), "no trace of sweep 's'")
     assert files_under(tmp_path) == {"s.yaml"}
+    (tmp_path / "empty.db").write_bytes(b"")  # an empty file is no store: a read leaves it empty
+    one_line(cli(tmp_path, "status", str(sweep), "--tracking-uri", f"sqlite:///{tmp_path / 'empty.db'}"), "no trace of sweep 's'")
+    assert (tmp_path / "empty.db").stat().st_size == 0
 
 
 def test_a_dry_run_writes_nothing_and_names_what_would_stop_the_sweep(tmp_path):
@@ -196,7 +220,32 @@ def test_a_dry_run_writes_nothing_and_names_what_would_stop_the_sweep(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "would stop the sweep before it computes: model.name bert-base-not-cached" in proc.stdout
     assert "would stop the sweep before it computes: beir/not-here-anywhere" in proc.stdout
+    assert "runnable now: none: 2 problem(s) below would stop the sweep" in proc.stdout  # not counted as runnable
     assert files_under(tmp_path) == {"s.yaml"}
+
+
+def test_reset_and_runs_never_touch_another_files_sweep_of_the_same_name(tmp_path):
+    from orchestrator.core.tracking import Tracker
+    from orchestrator.sweep.grid import load_sweep
+    from orchestrator.sweep.runner import bind_store, sweep_paths
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    owner, other = _sweep_file(tmp_path / "a"), _sweep_file(tmp_path / "b")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    sweep = load_sweep(owner)
+    paths = sweep_paths(sweep, tmp_path / "store")
+    paths.root.mkdir(parents=True)
+    (paths.root / "trials.txt").write_text("the owner's work")
+    tracker = Tracker(uri)
+    experiment_id = tracker.experiment_id(sweep.name)
+    bind_store(sweep, paths, tracker, tracker.client.get_experiment(experiment_id))
+    common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
+    for command in (["reset", str(other), "--yes", *common], ["runs", str(other), "--tracking-uri", uri],
+                    ["status", str(other), *common]):
+        one_line(cli(tmp_path, *command), str(other), "sweep name 's' is already used", str(owner))
+    assert (paths.root / "trials.txt").read_text() == "the owner's work"
+    assert tracker.client.get_experiment(experiment_id).lifecycle_stage == "active"
 
 
 # ----------------------------------------------------------------------------- reports and the UI
@@ -219,8 +268,10 @@ def test_negative_counts_and_impossible_ports(tmp_path, args, message):
 
 
 def test_the_ui_on_a_port_in_use_is_one_line_before_mlflow_starts(tmp_path):
+    from orchestrator.core.tracking import Tracker
+
     db = tmp_path / "m.db"
-    sqlite3.connect(db).close()  # an empty SQLite file is a store MLflow can open
+    Tracker(f"sqlite:///{db}").experiment_id("x")  # a store with something to show (an empty file is no store)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

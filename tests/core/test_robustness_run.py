@@ -51,6 +51,8 @@ def test_run_tests_every_perturbed_set_and_the_report_compares_them_with_clean(t
         contraction = json.loads(open(local).read())["per_query"]["ap"]
         # only "what is a cat" has a contraction variant: the perturbed set is that subset
         assert set(contraction) == set(perturb_queries(test_queries, "contraction")) == {"Q2"}
+        assert set(json.loads(open(client.download_artifacts(run.info.run_id, "per_query/robust_typo.json",
+                                                             str(tmp_path))).read())["per_query"]["ap"]) == {"Q2", "Q5"}
         # the perturbed queries reached the re-ranker: the texts it was tested on are the variants, not the originals
         def tested_texts(target, run=run):
             path = client.download_artifacts(run.info.run_id, f"queries/{target}.tsv", str(tmp_path / run.info.run_id))

@@ -109,3 +109,9 @@ def test_shipped_grids_keep_their_cell_keys():
     for name, digest in (("demo", "1ab8824dcb15aeec"), ("doc19", "218e9e1c68587e08")):
         keys = " ".join(c.key for c in expand_grid(load_sweep(REPO / "search_spaces" / f"{name}.yaml")))
         assert hashlib.sha256(keys.encode()).hexdigest()[:16] == digest, name
+
+
+def test_doc19_searches_k_a_from_one():
+    """AUG's Table 2 suggests k_a = 1: the search must reach it."""
+    sweep = load_sweep(REPO / "search_spaces" / "doc19.yaml")
+    assert min(sweep.search.k.choices) == 1 and 1 in sweep.search.k.choices

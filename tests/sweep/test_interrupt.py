@@ -167,3 +167,32 @@ def test_a_worker_no_node_can_hold_is_one_line_not_a_wait(tmp_path, tiny_model_d
     assert proc.returncode == 2 and time.time() - started < 300, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [errors[0]] and "resources.cpus_per_worker 64" in errors[0] and "a worker could never start" in errors[0]
+
+
+def test_ctrl_c_during_run_says_what_is_kept_and_leaves_no_run_open(tmp_path, tiny_model_dir, scifact_dir):
+    """Ray Train's fit() would take SIGINT for itself and end the process with status 1 and no
+    word, its MLflow run left RUNNING; the command's own handling answers instead."""
+    config = {
+        "name": "tiny-run-ctrl-c",
+        "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"size": 1500, "seed": 3},
+        "model": {"name": str(tiny_model_dir), "max_length": 128},
+        "optimization": {"epochs": 20, "batch_size": 8},
+        "resources": {"workers": 1, "cpus_per_worker": 1},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = orchestrate(tmp_path, "run", str(path), "--tracking-uri", uri, "--storage", str(tmp_path / "ray"), background=True)
+    _wait_for(tmp_path / "background.err", "[train] ", run)  # training has started
+    time.sleep(2)
+    interrupted_at = time.time()
+    os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    run.wait(timeout=120)
+    err = (tmp_path / "background.err").read_text()
+    assert run.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted: trial tiny-run-ctrl-c stopped before it finished"), err[-2000:]
+    assert "Traceback" not in err and time.time() - interrupted_at < 60
+    _, runs = mlflow_runs(uri, "tiny-run-ctrl-c")
+    assert [(r.info.status, r.data.tags.get("rerank_lab.interrupted")) for r in runs] == [("KILLED", "true")]

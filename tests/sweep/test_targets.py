@@ -16,10 +16,30 @@ REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted(p for p in (REPO / "search_spaces").glob("*.yaml") if "grid" in yaml.safe_load(p.read_text()))
 
 
+TRIAL_FILES = sorted(p for p in (REPO / "search_spaces").glob("*.yaml") if p not in SWEEPS)
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_every_shipped_sweep_tests_on_held_out_queries(path):
     sweep = load_sweep(path)  # by configuration
     check_targets(sweep, expand_grid(sweep))  # and by the queries of the local collections
+
+
+@pytest.mark.parametrize("path", TRIAL_FILES, ids=lambda p: p.stem)
+def test_every_shipped_trial_file_tests_on_held_out_queries(path):
+    from orchestrator.core.config import load_trials
+    from orchestrator.core.lifecycle import target_overlap, targets
+    from workloads.spec import TrialSpec
+
+    _, specs = load_trials(path, TrialSpec)  # by configuration
+    for spec in specs:
+        for target in targets(spec):
+            assert target_overlap(spec, target) is None  # and by the queries of the local collections
+
+
+def test_the_shipped_files_are_sweeps_and_trial_files():
+    assert {p.stem for p in SWEEPS} >= {"demo", "doc19", "sir-doc19", "selectors-scifact"}
+    assert {p.stem for p in TRIAL_FILES} >= {"trial-scifact", "cft-wikiqa"}
 
 
 def _dry_run(tmp_path, config: dict):

@@ -64,7 +64,8 @@ def _run_java(main_class: str, args: list[str], what: str, output: Path | None =
     if proc.returncode != 0 or (output is not None and not output.exists()):
         lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
         problems = [line for line in lines if any(w in line for w in ("Unable", "Exception", "Error", "error"))] or lines
-        raise RuntimeError(f"Anserini {what} failed (exit {proc.returncode}): {' | '.join(problems[-3:])}")
+        # One line, as for any bad input: what Anserini refuses is the data or index it was given.
+        raise InputError(f"Anserini {what}", f"failed (exit {proc.returncode}): {' | '.join(problems[-3:])}")
 
 
 _log = get_logger("bm25").info
