@@ -73,8 +73,7 @@ def selector_key(spec: SelectorTrialSpec) -> str:
     training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
     exclude = {"name": True, "resources": True, "data": {"test_collection", "test_split", "test_perturbation", "test_first_stage"},
                "first_stage": first_stage, "training_data": training_data}
-    # seeds-v2: the relaxed top-k's Gumbel noise per (epoch, step) comes from hashed seeds (other draws than before)
-    return stable_key(spec.model_dump_json(exclude=exclude), f"sentences-v{SPLITTER_VERSION}", "seeds-v2")
+    return stable_key(spec.model_dump_json(exclude=exclude), f"sentences-v{SPLITTER_VERSION}")
 
 
 def selector_dir(spec: SelectorTrialSpec) -> Path:
