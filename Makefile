@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test test-fast lint
+.PHONY: install demo test test-fast lint docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,3 +28,12 @@ test-fast: $(VENV)/.installed  # the inner loop: no Ray, Tune or end-to-end MLfl
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+
+$(VENV)/.docs-installed: pyproject.toml $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet -e '.[docs]'
+	touch $@
+
+# The docs site into site/, strict: a warning (a broken link or anchor, a docstring that does not
+# render) fails it. NO_MKDOCS_2_WARNING silences mkdocs-material's banner about its own end of life.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

@@ -1,4 +1,4 @@
-"""Query perturbations for robustness evaluation (CFT section 4.2; ``../shared/docs/ROBUSTNESS.md``).
+"""Query perturbations for robustness evaluation (CFT section 4.2; docs/guide/robustness.md).
 
 CFT made one perturbed version of every test query per type with CheckList (Ribeiro et al.,
 ACL 2020). CheckList is unmaintained and its punctuation rule needs a spaCy model that

@@ -6,7 +6,7 @@ routinely fused with the first stage this way (Wang, Zhuang and Zuccon, *BERT-ba
 Retrievers Require Interpolation with BM25*, ICTIR 2021; Pradeep et al., *Squeezing Water
 from a Stone*, ECIR 2022), because the two make different mistakes. w = 1 is the
 cross-encoder alone, w = 0 the first stage alone. A tuned w is chosen on the validation
-queries only (METHODS section 7), from :data:`WEIGHT_GRID`. Written here because it is a
+queries only, from :data:`WEIGHT_GRID`. Written here because it is a
 few lines on our run dictionaries; neither ir_measures nor Pyserini fuses runs with a tuned
 weight.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from workloads.collections import Qrels
+from workloads.data.collections import Qrels
 from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
 from workloads.logs import get_logger
 from workloads.models.cross_encoder import CrossEncoder, score_pairs

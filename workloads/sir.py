@@ -1,4 +1,4 @@
-"""SIR: the self-involvement hard-negative curriculum (Pu et al.; METHODS section 6; SIR.md).
+"""SIR: the self-involvement hard-negative curriculum (Pu et al.; docs/guide/sir.md).
 
 A block is one positive and N negatives of a query (``training_data.negatives``,
 ``optimization.batching: per_query``). Level 1 scores the whole block; level i + 1 keeps
@@ -19,7 +19,7 @@ Variants built here (each step runs the levels in sequence, selection not differ
 
 ``per_level_forward: false`` reuses level 1's scores for the survivors instead of a new
 forward: with one network the two differ only by dropout, so it is an approximation that
-saves the extra forwards (SIR.md).
+saves the extra forwards (docs/guide/sir.md).
 
 The level loss is the trial's ranking loss, ``sir`` (eq. 1) or ``listwise``
 (``workloads.losses.listwise``), applied to the level's probabilities.
@@ -30,7 +30,7 @@ Staged variants (``workloads.training`` runs them as stages of one trial, each c
   C_1 on whole blocks for ``optimization.epochs``; C_1 then scores every training block
   offline (eval mode, no dropout, :func:`compress_blocks`) and keeps the positive and the
   ``levels[0] - 1`` negatives it scores highest (or random ones); stage 2 trains C_2 on
-  those, and so on. The last compressor is the model that is validated and tested (SIR.md).
+  those, and so on. The last compressor is the model that is validated and tested (docs/guide/sir.md).
 - ``v2``: as v1, C_{i+1} starts from C_i's final weights.
 
 Every stage uses the same blocks per step (``batch_size / (1 + negatives)``), so a later
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.batches import PairStructure
+from workloads.batching import PairStructure
 from workloads.losses.listwise import blocks, listwise_terms, sir_terms
 from workloads.seeds import derived_seed
 

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS
 from workloads.batching import BATCHINGS
-from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, loss_parameters
+from workloads.losses import (
+    CONTRASTIVE_LOSSES,
+    CONTRASTIVE_PARAMETERS,
+    PARAMETERS,
+    RANKING_LOSSES,
+    RANKING_PARAMETERS,
+    WEIGHTING_PARAMETERS,
+    loss_parameters,
+)
 from workloads.perturbations import PERTURBATIONS
+from workloads.selectors.spec import SelectorSpec
 
 PERTURBATION_NAMES = tuple(PERTURBATIONS)
 
@@ -35,7 +44,7 @@ class FirstStageSpec(_Strict):
     b: float = Field(default=0.4, ge=0, le=1)
     train_depth: int = Field(default=100, ge=2, description="top-k of training queries that negatives are drawn from")
     validation_depth: int = Field(default=100, ge=1, description="top-k re-ranked for validation")
-    test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (METHODS: 100)")
+    test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (100, as the method specifies)")
 
     @model_validator(mode="after")
     def _method_options(self) -> FirstStageSpec:
@@ -84,7 +93,7 @@ class RerankingSpec(_Strict):
 
     interpolation: Literal["none", "tuned"] | float = Field(
         default="none",
-        description="none: the cross-encoder's order (METHODS); tuned: w * CE + (1 - w) * first stage, "
+        description="none: the cross-encoder's order (the method's); tuned: w * CE + (1 - w) * first stage, "
                     "w chosen per epoch on validation; a number: that fixed w",
     )
 
@@ -122,42 +131,39 @@ class TrainingDataSpec(_Strict):
 class ModelSpec(_Strict):
     name: str = Field(description="a Hugging Face id, a local path, or an alias such as minilm-l6")
     max_length: int = Field(default=512, ge=16, le=8192, description="tokens of [CLS] q [SEP] d [SEP]; documents truncated (FirstP)")
-    pooling: Literal["cls", "mean"] = Field(default="cls", description="Phi: the first token (METHODS) or the mean over tokens")
+    pooling: Literal["cls", "mean"] = Field(default="cls", description="Phi: the first token (the method's) or the mean over tokens")
 
 
 RankingName = Literal[tuple(RANKING_LOSSES)]  # type: ignore[valid-type]  # the registry's names
 ContrastiveName = Literal[("none", *CONTRASTIVE_LOSSES)]  # type: ignore[valid-type]
+WeightingName = Literal[tuple(WEIGHTING_PARAMETERS)]  # type: ignore[valid-type]
+
+# LossSpec's fields: the names of the losses and of their combination, each followed by the
+# hyper-parameters it brings, generated from the losses' declarations (``workloads.losses``,
+# ``Parameter``). The order is the one trial keys have hashed since trials were first keyed:
+# lambda (the fixed weighting's, AUG eq. 31) right after contrastive, the other weightings'
+# parameters after weighting.
+_LOSS_NAMES = {"ranking": (RankingName, "pointwise"), "contrastive": (ContrastiveName, "none"),
+               "weighting": (WeightingName, "fixed")}
+_LOSS_LAYOUT = ("ranking", *RANKING_PARAMETERS, "contrastive", *WEIGHTING_PARAMETERS["fixed"], *CONTRASTIVE_PARAMETERS,
+                "weighting", *(f for weighting, fields in WEIGHTING_PARAMETERS.items() if weighting != "fixed" for f in fields))
+_LossFields = create_model(  # type: ignore[call-overload]
+    "_LossFields", __base__=_Strict, __module__=__name__,
+    **{name: _LOSS_NAMES.get(name) or (PARAMETERS[name].annotation, Field(
+        default=PARAMETERS[name].default, alias=PARAMETERS[name].alias, description=PARAMETERS[name].description,
+        **PARAMETERS[name].bounds)) for name in dict.fromkeys(_LOSS_LAYOUT)})
 
 
-class LossSpec(_Strict):
+class LossSpec(_LossFields):  # type: ignore[misc, valid-type]
     """L = (1 - lambda) L_rank + lambda L_con (AUG eq. 31), or CFT's equal / DWA weights.
 
-    Which fields a loss reads is declared by the loss itself (``workloads.losses``); a
-    non-default value of a field the chosen losses do not read is an error.
+    The hyper-parameter fields are generated from the losses' own declarations
+    (``workloads.losses``): a new loss's parameters appear here with their types, defaults,
+    bounds and descriptions. A non-default value of a field the chosen losses do not read is
+    an error.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    ranking: RankingName = "pointwise"
-    margin: float = Field(default=1.0, gt=0, description="hinge margin of pairwise and mhl")
-    contrastive: ContrastiveName = "none"
-    lambda_: float = Field(default=0.5, ge=0, le=1, alias="lambda", description="contrastive weight (weighting: fixed)")
-    tau: float = Field(default=0.1, gt=0, description="temperature of scl and infonce")
-    scl_normalization: Literal["per_anchor", "global"] = Field(
-        default="per_anchor", description="scl: 1/|P(i)| per anchor, mean over anchors (METHODS), or AUG eq. 17's one global 1/N+")
-    contrastive_margin: float = Field(default=0.5, gt=0, description="alpha of ctriplet, m of tml (on unit-norm Phi)")
-    ctriplet_centroid: Literal["leave_one_out", "inclusive"] = Field(
-        default="leave_one_out", description="ctriplet: the own-class centroid without the pair itself (Wieczorek et al.) or with it")
-    tml_reduction: Literal["all", "nonzero"] = Field(
-        default="all", description="tml: mean over all triplets, or over the non-zero ones (CFT's library)")
-    tml_anchors: Literal["positives", "all"] = Field(
-        default="positives", description="tml: relevant anchors, k+ of other queries, k- of the anchor's query (CFT eq. 3), "
-                                         "or every label-defined triplet (CFT's library)")
-    nca_map: Literal["learned", "identity"] = Field(
-        default="learned", description="nca: a learned linear map A (identity-initialised) or A = I (then NCA = SCL at tau = s/2)")
-    nca_scale: float = Field(default=1.0, gt=0, description="nca: s in exp(-||A Phi_i - A Phi_j||^2 / s)")
-    weighting: Literal["fixed", "equal", "dwa"] = "fixed"
-    dwa_period: int = Field(default=100, ge=1, description="F of dynamic weighted aggregation, in steps")
 
     @model_validator(mode="after")
     def _coherent(self) -> LossSpec:
@@ -168,7 +174,7 @@ class LossSpec(_Strict):
             # A non-default value that nothing reads is a mistake in the config; defaults pass,
             # so a dumped spec validates again.
             if name not in allowed and getattr(self, name) != type(self).model_fields[name].default:
-                shown = "lambda" if name == "lambda_" else name
+                shown = PARAMETERS[name].shown
                 raise ValueError(f"'{shown}' has no effect with ranking '{self.ranking}', contrastive "
                                  f"'{self.contrastive}' and weighting '{self.weighting}'")
         return self
@@ -179,50 +185,6 @@ LOSS_HYPERPARAMETERS = tuple(f for f in LossSpec.model_fields if f not in ("rank
 
 
 AugmentationMethod = Literal[("none", *SCORERS)]  # type: ignore[valid-type]  # the scorer registry's names
-
-
-class SelectorSpec(_Strict):
-    """A supervised sentence selector (AUG eq. 8-16) and how it is trained (select-and-rank,
-    Leonhardt et al.; ``../shared/docs/SELECTORS.md``). Defaults are the reference
-    implementation's; ``k`` must stay well below a document's sentence count."""
-
-    k: int = Field(default=20, ge=1, description="sentences the selector picks for the ranker while it trains (relaxed top-k)")
-    tau: float = Field(default=1.0, gt=0, description="temperature of the relaxed top-k")
-    data: Literal["cell", "full"] = Field(
-        default="cell", description="cell: the same N pairs as the ranker (fair for sample-efficiency claims); full: every "
-                                    "training query (AUG's likely choice; leaks more labels into small cells)")
-    embeddings: Literal["model", "glove"] = Field(
-        default="model", description="model: the ranker's word-piece input embeddings, shared and trained; glove: a GloVe file")
-    glove_path: str | None = Field(default=None, description="GloVe text file for embeddings: glove")
-    glove_trainable: bool = False
-    dimension: int = Field(default=256, ge=1, description="linear: output of the affine map; attention: LSTM units per direction")
-    dropout: float = Field(default=0.1, ge=0, lt=1)
-    loss: Literal["pointwise", "pairwise"] = Field(default="pointwise", description="pointwise BCE, or the pairwise hinge")
-    margin: float = Field(default=0.2, gt=0, description="pairwise hinge margin")
-    learning_rate: float = Field(default=3e-5, gt=0, lt=1)
-    selector_learning_rate: float | None = Field(
-        default=None, gt=0, lt=1, description="the selector's own parameters (trained from scratch; the shared embeddings "
-                                              "follow learning_rate); default: learning_rate, as the reference")
-    warmup_steps: int = Field(default=1_000, ge=0, description="linear warm-up, then constant")
-    batch_size: int = Field(default=16, ge=2, description="pairs per step (whole triples: even)")
-    epochs: int = Field(default=50, ge=1, description="at most; early stopping on validation")
-    patience: int = Field(default=3, ge=1, description="epochs without a better validation nDCG@10 before stopping")
-    max_sentences: int = Field(default=500, ge=1)
-    max_document_tokens: int = Field(default=5_000, ge=1)
-    max_query_tokens: int = Field(default=50, ge=1)
-    eval_batch_size: int = Field(default=32, ge=1)
-
-    @model_validator(mode="after")
-    def _coherent(self) -> SelectorSpec:
-        if self.embeddings == "glove" and not self.glove_path:
-            raise ValueError("embeddings 'glove' needs glove_path (e.g. glove/glove.6B.50d.top100k.txt.gz)")
-        if self.embeddings != "glove" and (self.glove_path or self.glove_trainable):
-            raise ValueError("glove_path and glove_trainable need embeddings: glove")
-        if self.loss != "pairwise" and self.margin != 0.2:
-            raise ValueError("margin has no effect with loss 'pointwise'")
-        if self.batch_size % 2:
-            raise ValueError(f"batch_size holds whole (positive, negative) triples: must be even, got {self.batch_size}")
-        return self
 
 
 class AugmentationSpec(_Strict):
@@ -330,7 +292,7 @@ STAGED_VARIANTS = ("v1", "v2")  # a compressor per level, trained stage by stage
 
 
 class SIRSpec(_Strict):
-    """The SIR curriculum (``workloads.sir``; METHODS section 6, SIR.md) over blocks of
+    """The SIR curriculum (``workloads.sir``, docs/guide/sir.md) over blocks of
     ``training_data.negatives`` + 1 (``optimization.batching: per_query``)."""
 
     variant: Literal["v0", "v1", "v2", "v3", "v4"] = Field(

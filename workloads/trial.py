@@ -1,15 +1,13 @@
-"""One re-ranking trial: prepare its data, train (per worker), evaluate a checkpoint on test.
+"""One re-ranking trial: prepare its data, choose its epoch, evaluate a checkpoint on test.
 
 The orchestrator calls :func:`prepare_trial` on the driver, runs
 :func:`workloads.training.train_cross_encoder` in Ray Train workers and
-:func:`evaluate_checkpoint` for the chosen epoch. :func:`run_trial_in_process` strings the
-same pieces together without Ray, for tests and debugging.
+:func:`evaluate_checkpoint` for the chosen epoch; the re-ranking trial kind
+(:mod:`workloads.kinds`) names these steps for every command.
 """
 
 from __future__ import annotations
 
-import shutil
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,17 +16,19 @@ import pyarrow.parquet as pq
 import torch
 
 from workloads.augmentation import build_augmentation_sets
-from workloads.collections import Collection, Qrels, resolve_collection
+from workloads.augmentation.scorers import SUPERVISED_METHODS
+from workloads.data.collections import Collection, Qrels, resolve_collection
 from workloads.errors import InputError
-from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
+from workloads.evaluation import Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder, require_compiler, require_model_available
 from workloads.perturbations import perturb_queries
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.retrieval.first_stage import first_stage_run
+from workloads.selectors.kind import selector_dir, selector_trial, trained_selector
 from workloads.spec import FirstStageSpec, TrialSpec
-from workloads.training import WEIGHT_METRIC, TrainingInputs, train_cross_encoder
-from workloads.training_data import build_candidates, build_training_set, carve_validation_queries
+from workloads.training import SELECTION_METRIC, WEIGHT_METRIC, TrainingInputs
+from workloads.training_sets import build_candidates, build_training_set, carve_validation_queries
 
 BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
 
@@ -69,11 +69,8 @@ class SelectorNotTrained(InputError):
 def required_selector(spec: TrialSpec) -> Path | None:
     """The trained selector a supervised augmentation needs (None for the other methods).
 
-    Training it is the orchestrator's job (``orchestrate run`` and ``sweep`` train it first,
-    tracked as its own run); :func:`run_trial_in_process` trains it in-process."""
-    from workloads.augmentation.scorers import SUPERVISED_METHODS
-    from workloads.selectors.spec import selector_dir, selector_trial, trained_selector
-
+    Training it comes first (the trial kind's requirement): ``orchestrate run`` and ``sweep``
+    train it as its own tracked run, :func:`workloads.kinds.run_in_process` in-process."""
     if spec.augmentation.method not in SUPERVISED_METHODS:
         return None
     selector = selector_trial(spec)
@@ -84,6 +81,35 @@ def required_selector(spec: TrialSpec) -> Path | None:
     return path
 
 
+def _training_queries(spec: TrialSpec, collection: Collection):
+    """(train queries, the ids trained on, validation queries, their judgements): the validation
+    split's, or queries carved from the training split."""
+    train_queries = collection.split_queries(spec.data.train_split)
+    if spec.data.validation_split:
+        return (train_queries, list(train_queries), collection.split_queries(spec.data.validation_split),
+                collection.split_qrels(spec.data.validation_split))
+    train_ids, validation_ids = carve_validation_queries(
+        list(train_queries), spec.data.validation_queries, f"{collection.name} {spec.data.train_split}")
+    train_qrels = collection.split_qrels(spec.data.train_split)
+    return (train_queries, train_ids, {q: train_queries[q] for q in validation_ids},
+            {q: train_qrels[q] for q in validation_ids})
+
+
+def _test_queries(spec: TrialSpec, collection: Collection):
+    """(test collection, test queries, their judgements); with ``data.test_perturbation`` the
+    queries that have a variant, as perturbed (CFT)."""
+    same_collection = spec.data.test_collection in (None, spec.data.collection)
+    test_collection = collection if same_collection else resolve_collection(spec.data.test_collection)
+    test_queries = test_collection.split_queries(spec.data.test_split)
+    test_qrels = test_collection.split_qrels(spec.data.test_split)
+    if spec.data.test_perturbation:
+        test_queries = perturb_queries(test_queries, spec.data.test_perturbation)
+        test_qrels = {q: test_qrels[q] for q in test_queries}
+        if not test_queries:
+            raise InputError(test_collection.name, f"no {spec.data.test_split} query has a '{spec.data.test_perturbation}' variant")
+    return test_collection, test_queries, test_qrels
+
+
 def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     """Everything a trial's workers read, computed once and cached by content."""
     fs = spec.first_stage
@@ -91,26 +117,9 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     if spec.optimization.compile:
         require_compiler()
     collection = resolve_collection(spec.data.collection)
-    train_queries = collection.split_queries(spec.data.train_split)
-    if spec.data.validation_split:
-        validation_queries = collection.split_queries(spec.data.validation_split)
-        validation_qrels = collection.split_qrels(spec.data.validation_split)
-        train_ids = list(train_queries)
-    else:
-        train_ids, validation_ids = carve_validation_queries(
-            list(train_queries), spec.data.validation_queries, f"{collection.name} {spec.data.train_split}")
-        validation_queries = {q: train_queries[q] for q in validation_ids}
-        train_qrels = collection.split_qrels(spec.data.train_split)
-        validation_qrels = {q: train_qrels[q] for q in validation_ids}
-    same_collection = spec.data.test_collection in (None, spec.data.collection)
-    test_collection = collection if same_collection else resolve_collection(spec.data.test_collection)
-    test_queries = test_collection.split_queries(spec.data.test_split)
-    test_qrels = test_collection.split_qrels(spec.data.test_split)
-    if spec.data.test_perturbation:  # robustness: the queries that have a variant, as perturbed (CFT)
-        test_queries = perturb_queries(test_queries, spec.data.test_perturbation)
-        test_qrels = {q: test_qrels[q] for q in test_queries}
-        if not test_queries:
-            raise InputError(test_collection.name, f"no {spec.data.test_split} query has a '{spec.data.test_perturbation}' variant")
+    train_queries, train_ids, validation_queries, validation_qrels = _training_queries(spec, collection)
+    test_collection, test_queries, test_qrels = _test_queries(spec, collection)
+    same_collection = test_collection is collection
     # before anything is computed: a shared query would be trained or chosen on, then reported as held out
     require_disjoint(collection, {"train": train_ids, "validation": validation_queries,
                                   **({"test": test_queries} if same_collection else {})})
@@ -160,9 +169,6 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     )
 
 
-SELECTION_METRIC = f"val_{PRIMARY_METRIC}"  # every epoch is chosen on validation nDCG@10, never on test
-
-
 def choose_epoch(epoch_metrics: Sequence[Mapping[str, float]]) -> int:
     """The index of the chosen epoch: the best validation nDCG@10 (the fused ranking's when
     interpolating); a tie keeps the earlier epoch. The one selection rule of every command.
@@ -200,40 +206,3 @@ def evaluate_checkpoint(
         model, Path(prepared.test_candidates), read_trec_run(Path(prepared.test_first_stage_run)),
         prepared.test_qrels, prepared.test_relevance_level, spec.optimization.eval_batch_size, device, label="test",
         interpolation=interpolation, precision=spec.optimization.precision)
-
-
-@dataclass
-class EpochRecord:
-    metrics: dict[str, float]
-    checkpoint: Path | None
-
-
-def run_trial_in_process(spec: TrialSpec, checkpoint_root: Path) -> tuple[PreparedTrial, list[EpochRecord], Reranking]:
-    """Prepare, train on one process and test the best epoch: the trial without Ray (a
-    supervised augmentation's selector is trained first, in-process, if it is not yet)."""
-    from workloads.augmentation.scorers import SUPERVISED_METHODS
-
-    if spec.augmentation.method in SUPERVISED_METHODS:
-        from workloads.selectors.spec import selector_trial, trained_selector
-        from workloads.selectors.training import train_selector_in_process
-
-        selector = selector_trial(spec)
-        if trained_selector(selector) is None:
-            train_selector_in_process(selector, checkpoint_root / "selector")
-    prepared = prepare_trial(spec)
-    records: list[EpochRecord] = []
-
-    def keep(metrics: dict[str, float], checkpoint: Path | None) -> None:
-        final = None
-        if checkpoint is not None:
-            final = checkpoint_root / f"epoch-{int(metrics['epoch'])}"
-            final.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(checkpoint), final)
-        records.append(EpochRecord(dict(metrics), final))
-
-    started = time.perf_counter()
-    train_cross_encoder(spec, prepared.training, keep)
-    best = records[choose_epoch([r.metrics for r in records])]
-    tested = evaluate_checkpoint(best.checkpoint, prepared, spec, interpolation=final_interpolation(spec, best.metrics.get(WEIGHT_METRIC)))
-    best.metrics["trial_seconds"] = time.perf_counter() - started
-    return prepared, records, tested

@@ -23,7 +23,7 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.collections import resolve_collection
+    from workloads.data.collections import resolve_collection
     from workloads.evaluation import evaluate
     from workloads.retrieval.bm25 import BM25Params, retrieve
 

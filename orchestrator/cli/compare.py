@@ -9,7 +9,7 @@ from orchestrator.cli.output import HelpFormatter, add_tracking, bounded, emit
 
 
 def add_parser(sub, common) -> None:
-    from workloads.significance import PAIRED_TESTS
+    from workloads.evaluation.significance import PAIRED_TESTS
 
     parser = sub.add_parser("compare", help="two MLflow runs (cells or tested trials), or a run and its BM25: measures, "
                                             "p-values, most changed queries (`orchestrate runs FILE` lists the ids)",

@@ -20,7 +20,7 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.collections import resolve_collection
+    from workloads.data.collections import resolve_collection
     from workloads.perturbations import PERTURBATIONS, perturb_queries
 
     names = args.perturbations.split(",") if args.perturbations else list(PERTURBATIONS)

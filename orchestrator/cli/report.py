@@ -15,7 +15,7 @@ log = get_logger("orchestrate")
 
 def add_parser(sub, common) -> None:
     from orchestrator.report.tables import RENDERERS
-    from workloads.significance import CORRECTIONS, PAIRED_TESTS
+    from workloads.evaluation.significance import CORRECTIONS, PAIRED_TESTS
 
     parser = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps",
                             parents=[common], formatter_class=HelpFormatter)

@@ -15,7 +15,7 @@ FIRST_STAGE_NAMES = {"bm25": "BM25", "given": "given order", "run": "run file"} 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("run", help="run the trials of a file (train, validate, test), each tracked in MLflow",
                             parents=[common], formatter_class=HelpFormatter)
-    parser.add_argument("config", help="trial YAML, e.g. search_spaces/trial-scifact.yaml or rq1-scifact.yaml")
+    parser.add_argument("config", help="trial YAML, e.g. search_spaces/trials/trial-scifact.yaml or rq1-scifact.yaml")
     parser.add_argument("--trial", help="run only this trial of a multi-trial file")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the file and print each trial's resolved configuration, identity and targets; run nothing")

@@ -1,6 +1,6 @@
 """Run a trial's training as Ray Train workers and its test evaluation as a Ray task.
 
-Train V2 pattern (STACK.md): a ``TorchTrainer`` with a ``ScalingConfig`` (1..n workers,
+Train V2 pattern: a ``TorchTrainer`` with a ``ScalingConfig`` (1..n workers,
 GPU when the cluster has one), checkpoints persisted under the run's storage path, one
 checkpoint per epoch scored by validation nDCG@10.
 """

@@ -80,7 +80,7 @@ def target_overlap(spec: TrialSpec, target: Target, query_ids: bool = True) -> s
     are local files (only their queries and judgements are read; nothing is prepared). An
     ir_datasets collection is checked by configuration here and by its queries when the
     trial prepares it (before anything is trained)."""
-    from workloads.collections import local_directory, resolve_collection, same_collection
+    from workloads.data.collections import local_directory, resolve_collection, same_collection
 
     data, tested = spec.data, target.spec.data
     test_collection = tested.test_collection or tested.collection
@@ -117,7 +117,7 @@ def _first_stage_file(first_stage) -> str:
 def training_data_identity(spec: TrialSpec) -> str:
     """The identity of the data a trial trains and validates on (its collection's files, a run
     file it reads), recorded on its run: a finished trial is reused only for the same data."""
-    from workloads.collections import collection_identity
+    from workloads.data.collections import collection_identity
     from workloads.paths import stable_key
 
     return stable_key(collection_identity(spec.data.collection), _first_stage_file(spec.first_stage))
@@ -125,7 +125,7 @@ def training_data_identity(spec: TrialSpec) -> str:
 
 def test_data_identity(evaluation_targets: Sequence[Target]) -> str:
     """The identity of the data of every target (collections and their first stages' files)."""
-    from workloads.collections import collection_identity
+    from workloads.data.collections import collection_identity
     from workloads.paths import stable_key
 
     parts = []
@@ -286,59 +286,59 @@ class TrialResult:
 # ----------------------------------------------------------------------------- selectors
 
 
-def selectors_needed(specs: Sequence[TrialSpec]) -> list:
-    """The distinct selectors (``SelectorTrialSpec``) these trials augment with, in order."""
-    from workloads.augmentation.scorers import SUPERVISED_METHODS
-    from workloads.selectors.spec import selector_key, selector_trial
+def requirements_needed(specs: Sequence) -> list:
+    """The distinct trials these trials require first (a supervised augmentation's selector), in order."""
+    from workloads.kinds import requirements
 
-    found: dict[str, object] = {}
-    for spec in specs:
-        if spec.augmentation.method in SUPERVISED_METHODS:
-            selector = selector_trial(spec)
-            found.setdefault(selector_key(selector), selector)
-    return list(found.values())
+    return requirements(specs)
 
 
-def selector_run_key(selector) -> str:
-    from workloads.selectors.spec import selector_key
+def requirement_run_key(required) -> str:
+    from workloads.kinds import kind_of
 
-    return f"selector:{selector_key(selector)}"
+    kind = kind_of(required)
+    return f"{kind.name}:{kind.key(required)}"
 
 
-def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path: Path, ray_address: str | None = None,
-                    tags: dict[str, str] | None = None) -> Path:
-    """A trained selector: the one in the cache (trained by any earlier command), else trained
-    now with the lifecycle's steps and tracked as one run of kind ``selector``: its config,
-    per-epoch metrics, the chosen epoch's validation and the select-and-rank model's test
-    ranking (BM25 beside it), the checkpoint. A crashed attempt resumes from its last epoch
-    (its Ray Train run name is the selector's content key) in the same MLflow run."""
+def _close_finished_requirement(tracker: Tracker, experiment_id: str, run_key: str, kept: Path) -> None:
+    """A result kept, then the driver died before its run was closed: close it with the kept summary."""
     import json
 
+    from workloads.selectors.kind import COMPLETE_MARKER
+
+    open_run = tracker.find_run(experiment_id, run_key)
+    if open_run is not None and open_run.info.status != "FINISHED":
+        summary = json.loads((kept / COMPLETE_MARKER).read_text())
+        tracker.log_metrics(open_run.info.run_id, {k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        tracker.set_tags(open_run.info.run_id, {schema.CHECKPOINT_TAG: str(kept)})
+        tracker.finish(open_run.info.run_id, "FINISHED")
+
+
+def ensure_requirement(selector, tracker: Tracker, experiment_id: str, storage_path: Path, ray_address: str | None = None,
+                       tags: dict[str, str] | None = None) -> Path:
+    """A required trial's kept result (a trained selector): the one kept already (by any earlier
+    command), else trained now with the kind's lifecycle steps and tracked as one run of the
+    kind's name: its config, per-epoch metrics, the chosen epoch's validation and its test
+    ranking (BM25 beside it), the checkpoint. A crashed attempt resumes from its last epoch
+    (its Ray Train run name is the content key) in the same MLflow run."""
     import ray
 
-    from workloads.selectors.spec import COMPLETE_MARKER, selector_key, trained_selector
-    from workloads.selectors.training import evaluate_selector_checkpoint, install_selector, prepare_selector
+    from workloads.kinds import kind_of, result_summary
 
-    run_key = selector_run_key(selector)
-    done = trained_selector(selector)
+    kind = kind_of(selector)
+    run_key = requirement_run_key(selector)
+    done = kind.finished(selector)
     if done is not None:
-        open_run = tracker.find_run(experiment_id, run_key)
-        if open_run is not None and open_run.info.status != "FINISHED":  # installed, then the driver died
-            summary = json.loads((done / COMPLETE_MARKER).read_text())
-            tracker.log_metrics(open_run.info.run_id, {k: v for k, v in summary.items() if isinstance(v, (int, float))})
-            tracker.set_tags(open_run.info.run_id, {schema.CHECKPOINT_TAG: str(done)})
-            tracker.finish(open_run.info.run_id, "FINISHED")
-        log.info("selector %s (%s) already trained: reusing %s", selector.name, selector.method, done)
+        _close_finished_requirement(tracker, experiment_id, run_key, done)
+        log.info("%s %s already trained: reusing %s", kind.name, selector.name, done)
         return done
 
     started = time.perf_counter()
-    prepared = prepare_selector(selector)
+    prepared = kind.prepare(selector)
     prepare_seconds = time.perf_counter() - started
     params = schema.flat_params(selector)
-    run_tags = {"augmentation": selector.method, "model": selector.model.name, "size": str(selector.training_data.size),
-                "seed": str(selector.seed), "collection": selector.data.collection,
-                schema.SELECTOR_DATA_TAG: selector.selector.data, **(tags or {})}
-    run_id = tracker.start_trial_run(experiment_id, selector.name, run_key, params, run_tags, kind=schema.SELECTOR)
+    run_tags = {**schema.requirement_tags(selector), **(tags or {})}
+    run_id = tracker.start_trial_run(experiment_id, selector.name, run_key, params, run_tags, kind=kind.name)
     try:
         tracker.log_json(run_id, "", "config.json", selector.model_dump(mode="json"))
         tracker.log_json(run_id, "", "data_stats.json", prepared.trial.data_stats)
@@ -347,13 +347,13 @@ def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path
         log.info("training the %s selector %s on %s pairs (%s)", selector.method, selector.name,
                  selector.training_data.size, run_key)
         train_started = time.perf_counter()
-        epochs = train_on_ray(selector, prepared.inputs, storage_path, f"selector-{selector_key(selector)}")
+        epochs = train_on_ray(selector, kind.worker_inputs(prepared), storage_path, f"{kind.name}-{kind.key(selector)}")
         train_wall = time.perf_counter() - train_started
         summary, best = log_training(tracker, run_id, epochs)
         test_started = time.perf_counter()
         from orchestrator.core.execution import submit_task
 
-        tested = ray.get(submit_task(selector, evaluate_selector_checkpoint, Path(best.checkpoint), prepared, selector))
+        tested = ray.get(submit_task(selector, kind.test, Path(best.checkpoint), prepared, selector, best.metrics))
         own = selector.data.test_collection or selector.data.collection
         target = Target(schema.TEST, collection_label(own, selector.data.test_split), selector.as_rerank_trial())
         log_target(tracker, run_id, TargetResult(target, tested, prepared.trial.first_stage_test,
@@ -362,9 +362,7 @@ def ensure_selector(selector, tracker: Tracker, experiment_id: str, storage_path
                    schema.TIME_EVALUATION: time.perf_counter() - test_started, schema.TIME_TRIAL: time.perf_counter() - started,
                    schema.EPOCHS_RUN: float(len(epochs))}
         tracker.log_metrics(run_id, metrics)
-        path = install_selector(selector, Path(best.checkpoint),
-                                {**metrics, **{f"{schema.target_prefix(schema.TEST)}{k}": v
-                                               for k, v in tested.evaluation.aggregate.items()}})
+        path = kind.keep(selector, Path(best.checkpoint), {**result_summary(best.metrics, tested), **metrics})
         tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: str(path)})
         tracker.finish(run_id, "FINISHED")
         log.info("selector %s: chosen epoch %d of %d, val nDCG@10 %.4f, test nDCG@10 %.4f", selector.name,
@@ -387,9 +385,9 @@ def preflight_trial(spec: TrialSpec) -> list[str]:
     """What would stop a trial before it computes anything, found without preparing: a model
     that cannot load here, a collection that is neither local nor an ir_datasets id, a GloVe or
     run file that does not exist. One line each."""
-    from workloads.augmentation.scorers import resolve_glove_path
-    from workloads.collections import local_directory
+    from workloads.data.collections import local_directory
     from workloads.models.cross_encoder import require_model_available
+    from workloads.text.glove import resolve_glove_path
 
     problems: dict[str, None] = {}
 
@@ -423,6 +421,40 @@ def require_known_dataset(reference: str) -> None:
                                     "not an ir_datasets id") from None
 
 
+def _finished_run(tracker: Tracker, key: str, data: str, test_data: str):
+    """The finished run of this trial on the same data, to reuse; a finished run on data that has
+    changed since is marked stale (it stays) and None is returned."""
+    finished = tracker.find_run(None, key, status="FINISHED")
+    if finished is None:
+        return None
+    recorded = (finished.data.tags.get(schema.DATA_TAG, data), finished.data.tags.get(schema.TEST_DATA_TAG, test_data))
+    if recorded == (data, test_data):
+        log.info("trial %s already finished in MLflow run %s (experiment %s): reusing its results (--force reruns)",
+                 key, finished.info.run_id, finished.info.experiment_id)
+        return finished
+    log.info("trial %s finished in MLflow run %s on data that has changed since: running it again (that run stays, "
+             "marked stale)", key, finished.info.run_id)
+    tracker.set_tags(finished.info.run_id, {schema.TRIAL_KEY_TAG: f"{key}@stale", schema.STALE_TAG: "true"})
+    return None
+
+
+def _ensure_requirements(spec: TrialSpec, tracker: Tracker, experiment: str, storage_path: Path,
+                         ray_address: str | None) -> None:
+    """Every trial ``spec`` requires (a supervised augmentation's selector), trained once and
+    tracked, before the trial's own data is prepared."""
+    from workloads.kinds import kind_of
+
+    required = requirements_needed([spec])
+    for each in required:
+        kind_of(each).prepare(each)  # their data is known good before MLflow is written
+    if required:
+        init_ray(ray_address)
+        check_resources(spec)  # they train with the trial's resources: refused before they wait forever
+        experiment_id = tracker.experiment_id(experiment)
+        for each in required:
+            ensure_requirement(each, tracker, experiment_id, storage_path, ray_address)
+
+
 def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address: str | None = None,
               force: bool = False, experiment: str | None = None) -> TrialResult:
     """One trial end to end as one MLflow run. The same trial (same resolved config, whatever its
@@ -434,28 +466,13 @@ def run_trial(spec: TrialSpec, tracker: Tracker, storage_path: Path, ray_address
     names = [t.name for t in evaluation_targets]
     data = training_data_identity(spec)
     test_data = test_data_identity(evaluation_targets)
-    finished = tracker.find_run(None, key, status="FINISHED")
-    if finished is not None and not force:
-        recorded = (finished.data.tags.get(schema.DATA_TAG, data), finished.data.tags.get(schema.TEST_DATA_TAG, test_data))
-        if recorded == (data, test_data):
-            log.info("trial %s already finished in MLflow run %s (experiment %s): reusing its results (--force reruns)",
-                     key, finished.info.run_id, finished.info.experiment_id)
-            return TrialResult.from_metrics(finished.info.run_id, True, dict(finished.data.metrics), names)
-        log.info("trial %s finished in MLflow run %s on data that has changed since: running it again (that run stays, "
-                 "marked stale)", key, finished.info.run_id)
-        tracker.set_tags(finished.info.run_id, {schema.TRIAL_KEY_TAG: f"{key}@stale", schema.STALE_TAG: "true"})
+    finished = None if force else _finished_run(tracker, key, data, test_data)
+    if finished is not None:
+        return TrialResult.from_metrics(finished.info.run_id, True, dict(finished.data.metrics), names)
 
     started = time.perf_counter()
     log.info("preparing data for trial %s (%s)", spec.name, key)
-    selectors = selectors_needed([spec])
-    if selectors:  # a supervised augmentation: its selector is trained (once, tracked) before the trial's data
-        from workloads.selectors.training import prepare_selector
-
-        prepare_selector(selectors[0])  # its data is known good before MLflow is written
-        init_ray(ray_address)
-        check_resources(spec)  # the selector trains with the trial's resources: refused before it waits forever
-        experiment_id = tracker.experiment_id(experiment or spec.name)
-        ensure_selector(selectors[0], tracker, experiment_id, storage_path, ray_address)
+    _ensure_requirements(spec, tracker, experiment or spec.name, storage_path, ray_address)
     prepared = prepare_trial(spec)
     for target in evaluation_targets[1:]:  # every target's data before training: a bad one stops the trial now
         prepare_trial(target.spec)

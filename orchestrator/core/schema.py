@@ -14,10 +14,11 @@ used. Each has its per-query values as the artifact ``per_query/<prefix without 
 
 from __future__ import annotations
 
-from workloads.evaluation import MEASURES, PRIMARY_METRIC
+from workloads.evaluation import MEASURES
 from workloads.paths import stable_key
 from workloads.spec import LossSpec, RerankingSpec, TrialSpec
-from workloads.training import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, WEIGHT_METRIC
+from workloads.text.sentences import SPLITTER_VERSION
+from workloads.training import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, SELECTION_METRIC, WEIGHT_METRIC
 
 # ----------------------------------------------------------------------------- tags
 
@@ -56,7 +57,7 @@ AXES = (*GRID_AXES, "collection")
 # ----------------------------------------------------------------------------- metrics
 
 VALIDATION_PREFIX = "val_"
-OBJECTIVE = f"{VALIDATION_PREFIX}{PRIMARY_METRIC}"  # what every trial maximises and every epoch is chosen on
+OBJECTIVE = SELECTION_METRIC  # what every trial maximises and every epoch is chosen on (the data plane's rule)
 BEST_PREFIX = "best_"                                # the chosen epoch's val_* metrics
 BEST_OBJECTIVE = f"{BEST_PREFIX}{OBJECTIVE}"
 BEST_EPOCH = "best_epoch"
@@ -167,6 +168,13 @@ def axes(spec: TrialSpec) -> dict[str, str]:
     }
 
 
+def requirement_tags(required) -> dict[str, str]:
+    """A required trial's tags (a selector's: the axes it shares with the trials that use it,
+    and which training data it saw)."""
+    return {"augmentation": required.method, "model": required.model.name, "size": str(required.training_data.size),
+            "seed": str(required.seed), "collection": required.data.collection, SELECTOR_DATA_TAG: required.selector.data}
+
+
 def flat_params(spec: TrialSpec) -> dict[str, str]:
     """Every resolved field as ``section.key -> value`` (MLflow params)."""
     out: dict[str, str] = {}
@@ -186,12 +194,15 @@ def flat_params(spec: TrialSpec) -> dict[str, str]:
 # collided past 10,007 steps or rows before): trials whose results depend on such draws key it.
 SEEDS_VERSION = "seeds-v2"
 
-# LossSpec fields added after trials were first keyed, with the value that computes what
-# trials computed before the field existed. Such a field is left out of the key when the
-# chosen losses do not read it or when it has that value, so results tracked before it
-# existed keep their identity (and are reused); any other value is a new experiment.
-_LEGACY_LOSS_VALUES = {"scl_normalization": "per_anchor", "ctriplet_centroid": "inclusive", "tml_reduction": "all",
-                       "nca_scale": 1.0, "tml_anchors": "positives"}
+# The loss hyper-parameters in every trial key since trials were first keyed (besides ranking,
+# contrastive and weighting, which name the losses): always part of the key, at their declared
+# keyed_default where the chosen losses do not read them (nca_map: identity, NCA's map before
+# it learned one). This set never grows. Every other loss parameter (``Parameter`` in
+# ``workloads.losses``) is left out of the key when the chosen losses do not read it or when it
+# has its keyed_default, the value that computes what trials computed before it existed: results
+# tracked before a parameter existed keep their identity (and are reused), any other value is a
+# new experiment, and a new parameter needs no edit here.
+_ALWAYS_KEYED_LOSS_PARAMETERS = frozenset({"margin", "lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"})
 
 
 def trial_key(spec: TrialSpec) -> str:
@@ -201,19 +212,19 @@ def trial_key(spec: TrialSpec) -> str:
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
     ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
     ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
-    ``early_stopping_patience`` and ``compile``, ``sir``, the loss readings of ``_LEGACY_LOSS_VALUES``,
+    ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
     ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
     keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
     and is never part of it. Augmented trials also key the sentence splitter's version: a new
     splitter makes new training data.
     """
-    from workloads.augmentation import SPLITTER_VERSION
-    from workloads.losses import loss_parameters
+    from workloads.losses import PARAMETERS, loss_parameters
 
     loss = spec.loss
     active = set(loss_parameters(loss))
-    if loss.contrastive != "nca":  # nca_map's default was identity before NCA learned its map by default
-        spec = spec.model_copy(update={"loss": loss.model_copy(update={"nca_map": "identity"})})
+    unread = {f: PARAMETERS[f].keyed_default for f in _ALWAYS_KEYED_LOSS_PARAMETERS if f not in active}
+    if any(getattr(loss, f) != value for f, value in unread.items()):
+        spec = spec.model_copy(update={"loss": loss.model_copy(update=unread)})
     exclude: dict = {"name": True, "resources": True}
     if spec.first_stage.path is None:
         exclude["first_stage"] = {"path"}  # added with the run-file first stage
@@ -242,7 +253,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["sir"] = True
     if spec.reranking == RerankingSpec():
         exclude["reranking"] = True
-    exclude["loss"] = {f for f, legacy in _LEGACY_LOSS_VALUES.items() if f not in active or getattr(loss, f) == legacy}
+    exclude["loss"] = {f for f, p in PARAMETERS.items() if f not in _ALWAYS_KEYED_LOSS_PARAMETERS
+                       and (f not in active or getattr(loss, f) == p.keyed_default)}
     augmented = spec.augmentation.method != "none"
     exclude["augmentation"] = set() if spec.augmentation.selector is not None else {"selector"}  # added with selectors
     if not augmented or spec.augmentation.redraw == "once" or spec.optimization.epochs == 1:

@@ -16,7 +16,7 @@ from orchestrator.core.tracking import Tracker
 from orchestrator.report.results import RunReader
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES, PRIMARY_METRIC
-from workloads.significance import TEST_NAMES, paired_test, paired_values
+from workloads.evaluation.significance import TEST_NAMES, paired_test, paired_values
 
 FIRST_STAGE_SUFFIX = f":{schema.FIRST_STAGE}"
 

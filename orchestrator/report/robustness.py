@@ -1,4 +1,4 @@
-"""Robustness to query perturbations (CFT Table 5; METHODS section 7; ROBUSTNESS.md).
+"""Robustness to query perturbations (CFT Table 5; docs/guide/robustness.md).
 
 Each system (a trial run of ``orchestrate run``, or a sweep's cell winners) was tested on
 the clean test queries (``test_*``) and on each perturbed copy (``robust_<perturbation>_*``,
@@ -21,7 +21,7 @@ from orchestrator.report.results import RunReader
 from orchestrator.report.tables import Entry, Table
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES
-from workloads.significance import TEST_NAMES, paired_test, relative_change, significance_level
+from workloads.evaluation.significance import TEST_NAMES, paired_test, relative_change, significance_level
 
 ROBUSTNESS_METRICS = ("ap", "p_at_1")  # CFT reports MAP and P@1
 CLEAN = "clean"

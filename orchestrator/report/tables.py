@@ -1,4 +1,4 @@
-"""Paper-style tables from a sweep (AUG Tables 1, 3 and 4; METHODS sections 7 and 8).
+"""Paper-style tables from a sweep (AUG Tables 1, 3 and 4).
 
 A table is built as data (:class:`Table` of :class:`Entry`), then rendered as Markdown,
 LaTeX or CSV, so every format shows the same numbers, markers and emphasis:
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from orchestrator.report.results import STATUS_LABELS, STATUS_OK, SYSTEM_AXES, SweepResults, SystemResult, baseline_of, systems
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES
-from workloads.significance import TEST_NAMES, adjust_p_values, paired_test, relative_change, significance_level
+from workloads.evaluation.significance import TEST_NAMES, adjust_p_values, paired_test, relative_change, significance_level
 
 MARKERS = {0.05: "†", 0.10: "°"}
 LATEX_MARKERS = {0.05: r"$^{\dagger}$", 0.10: r"$^{\circ}$"}

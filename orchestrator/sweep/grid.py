@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
 
 from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
 from workloads.errors import InputError
-from workloads.losses import searchable_parameters
+from workloads.losses import PARAMETERS, searchable_parameters
 from workloads.paths import stable_key
 from workloads.spec import LOSS_HYPERPARAMETERS, FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
 
@@ -99,7 +99,7 @@ class LevelChoices(_Strict):
         return ["-".join(str(k) for k in levels) for levels in self.choices if len(levels) == count]
 
 
-class SearchSpec(_Strict):
+class _SearchSettings(_Strict):
     trials_per_cell: int = Field(default=4, ge=1)
     sampler_seed: int = 13
     objective: Literal[schema.OBJECTIVE] = schema.OBJECTIVE  # type: ignore[valid-type]  # the one objective
@@ -115,11 +115,18 @@ class SearchSpec(_Strict):
     # Searched hyper-parameters; each applies only to cells whose loss or augmentation has it
     # (tau only for scl/infonce, k only with augmentation, ...).
     learning_rate: FloatRange | Choices | None = None
-    lambda_: FloatRange | Choices | None = Field(default=None, alias="lambda")
-    tau: FloatRange | Choices | None = None
-    contrastive_margin: FloatRange | Choices | None = None
-    margin: FloatRange | Choices | None = Field(default=None, description="hinge margin of pairwise and mhl")
-    nca_scale: FloatRange | Choices | None = Field(default=None, description="s of RankingNCA")
+
+
+# Every loss hyper-parameter a loss declares searchable (``workloads.losses``, in LossSpec's
+# order), generated from the declarations: a new searchable parameter joins the search space.
+_SearchedLossParameters = create_model(  # type: ignore[call-overload]
+    "_SearchedLossParameters", __base__=_SearchSettings, __module__=__name__,
+    **{field: (FloatRange | Choices | None, Field(default=None, alias=PARAMETERS[field].alias,
+                                                  description=PARAMETERS[field].description))
+       for field in LOSS_HYPERPARAMETERS if PARAMETERS[field].searchable})
+
+
+class SearchSpec(_SearchedLossParameters):  # type: ignore[misc, valid-type]
     k: Choices | None = Field(default=None, description="k_a, the sentences an augmenter keeps")
     sir_levels: LevelChoices | None = Field(default=None, description="SIR's K per level (cells with a curriculum)")
 
@@ -185,7 +192,7 @@ class Cell:
     @property
     def tags(self) -> dict[str, str]:
         """MLflow tags of the cell's runs besides its axes: which data trained a supervised selector
-        (``full`` leaks every training query's labels into the cell: SELECTORS.md asks to say so)."""
+        (``full`` leaks every training query's labels into the cell: the method asks to say so)."""
         selector = self.spec.augmentation.selector if self.spec is not None else None
         return {schema.SELECTOR_DATA_TAG: selector.data} if selector is not None else {}
 
@@ -375,7 +382,7 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
         cell = next((c for c in runnable if name in c.searched), None)
         if cell is None or not isinstance(space, (FloatRange, Choices)):
             continue
-        shown = "lambda" if name == "lambda_" else name
+        shown = SearchSpec.model_fields[name].alias or name
         for value in _search_values(space):
             try:
                 apply_params(cell.spec, {name: value})

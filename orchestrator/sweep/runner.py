@@ -10,7 +10,7 @@
   experiment per sweep, a sweep run, a run per cell and a run per trial, found again by
   identity on every rerun.
 - Before the cells, each distinct supervised selector (``linear``/``attention``
-  augmentation) is trained once with :func:`~orchestrator.core.lifecycle.ensure_selector`
+  augmentation) is trained once with :func:`~orchestrator.core.lifecycle.ensure_requirement`
   in the same Ray cluster, tracked as a ``selector`` run under the sweep run; a rerun
   reuses a trained one and resumes a half-trained one.
 - After the search, each cell's winner is evaluated on every target with the lifecycle's
@@ -32,9 +32,9 @@ from pathlib import Path
 from orchestrator.core import schema
 from orchestrator.core.lifecycle import (
     SUMMARY_METRICS,
-    ensure_selector,
-    selector_run_key,
-    selectors_needed,
+    ensure_requirement,
+    requirement_run_key,
+    requirements_needed,
     submit_evaluations,
     targets,
     test_data_identity,
@@ -138,12 +138,12 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     for r in rows:
         if r.cell.unavailable:
             unavailable[r.cell.unavailable] = unavailable.get(r.cell.unavailable, 0) + 1
-    from workloads.selectors.spec import trained_selector
+    from workloads.selectors.kind import trained_selector
 
     selectors = []
-    for selector in selectors_needed([r.cell.spec for r in runnable]):
-        users = [r.cell.key for r in runnable if _selector_of(r.cell) == selector_run_key(selector)]
-        selectors.append({"name": selector.name, "key": selector_run_key(selector), "method": selector.method,
+    for selector in requirements_needed([r.cell.spec for r in runnable]):
+        users = [r.cell.key for r in runnable if _selector_of(r.cell) == requirement_run_key(selector)]
+        selectors.append({"name": selector.name, "key": requirement_run_key(selector), "method": selector.method,
                           "model": selector.model.name, "size": str(selector.training_data.size),
                           "data": selector.selector.data, "k": selector.selector.k, "cells": len(users),
                           "trained": trained_selector(selector) is not None})
@@ -413,8 +413,8 @@ def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
 
 def _selector_of(cell: Cell) -> str | None:
     """The run key of the selector a cell augments with (None: no supervised augmentation)."""
-    needed = selectors_needed([cell.spec]) if cell.spec is not None else []
-    return selector_run_key(needed[0]) if needed else None
+    needed = requirements_needed([cell.spec]) if cell.spec is not None else []
+    return requirement_run_key(needed[0]) if needed else None
 
 
 def _zero_shot(sweep: SweepSpec) -> list[tuple]:
@@ -544,7 +544,7 @@ def _train_selectors(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, expe
     cells that augment with it."""
     from orchestrator.core.execution import init_ray
 
-    selectors = selectors_needed([c.spec for c in cells])
+    selectors = requirements_needed([c.spec for c in cells])
     if not selectors:
         return
     root = tracker.sweep_run(experiment_id, sweep.name)
@@ -553,7 +553,7 @@ def _train_selectors(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, expe
     for number, selector in enumerate(selectors, 1):
         log.info("selector %d/%d: %s (%s, %s pairs)", number, len(selectors), selector.name, selector.method,
                  selector.training_data.size)
-        ensure_selector(selector, tracker, experiment_id, paths.ray_storage, ray_address,
+        ensure_requirement(selector, tracker, experiment_id, paths.ray_storage, ray_address,
                         tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
 
 
@@ -573,7 +573,7 @@ def stale_trials(tracker: Tracker, experiment_id: str, cells: list[Cell]) -> lis
 def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_address: str | None, verbose: bool,
                interruption) -> dict:
     from orchestrator.core.interrupts import Interrupted
-    from workloads.selectors.training import prepare_selector
+    from workloads.kinds import kind_of
 
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     if not cells:
@@ -592,8 +592,8 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
                              "the sweep (name:)")
     _check_cluster(sweep, cells, ray_address)  # a worker no node can hold would wait forever
     log.info("preparing data for %d cells", len(cells))
-    for selector in selectors_needed([c.spec for c in cells]):
-        prepare_selector(selector)  # its data is known good before anything is written
+    for selector in requirements_needed([c.spec for c in cells]):
+        kind_of(selector).prepare(selector)  # its data is known good before anything is written
     prepared: dict = {}
     supervised = [c for c in cells if _selector_of(c) is not None]
     _prepare_cells(sweep, [c for c in cells if c not in supervised], prepared)

@@ -10,7 +10,7 @@ from workloads.errors import InputError
 from workloads.spec import TrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
-TRIAL = REPO / "search_spaces" / "trial-scifact.yaml"
+TRIAL = REPO / "search_spaces" / "trials" / "trial-scifact.yaml"
 
 
 def test_shipped_trial_config_loads():
@@ -110,7 +110,7 @@ def test_valid_contrastive_spec_round_trips():
 def test_multi_trial_file_merges_base_and_points_at_override_lines(tmp_path):
     from orchestrator.core.config import load_trials
 
-    experiment, specs = load_trials(REPO / "search_spaces" / "rq1-scifact.yaml", TrialSpec)
+    experiment, specs = load_trials(REPO / "search_spaces" / "trials" / "rq1-scifact.yaml", TrialSpec)
     assert experiment == "rq1-scifact"
     assert [s.name for s in specs] == ["rq1-scifact.baseline", "rq1-scifact.bm25-aug", "rq1-scifact.bm25-aug-scl"]
     assert specs[0].augmentation.method == "none" and specs[2].loss.contrastive == "scl"
@@ -181,3 +181,32 @@ def test_trial_keys_of_losses_tracked_before_the_new_readings_are_unchanged():
     two_epochs = {**augmented, "optimization": {"epochs": 2}}
     assert trial_key(TrialSpec.model_validate(two_epochs)) != trial_key(
         TrialSpec.model_validate({**two_epochs, "augmentation": {"method": "bm25", "redraw": "once"}}))
+
+
+def test_trial_keys_follow_the_loss_declarations():
+    """Keys computed before loss parameters were declared once (issue 33): unchanged. A loss
+    parameter outside the frozen first set is keyed only where read and off its keyed default,
+    so a new loss or parameter (lambdaloss) needs no edit to keep every other key."""
+    from orchestrator.core.schema import _ALWAYS_KEYED_LOSS_PARAMETERS, trial_key
+
+    base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
+
+    def key(loss, **more):
+        return trial_key(TrialSpec.model_validate({**base, "loss": loss, **more}))
+
+    golden = [({"contrastive": "nca"}, "4d65cca5c91defd8"), ({"contrastive": "nca", "nca_map": "identity"}, "5013d1c1fc9a0428"),
+              ({"contrastive": "ctriplet", "ctriplet_centroid": "inclusive"}, "54dd7a26610ae366"),
+              ({"contrastive": "ctriplet"}, "19afb6614edf022d"),
+              ({"ranking": "mhl", "contrastive": "tml", "weighting": "dwa", "dwa_period": 200}, "de2648bde5ffc729"),
+              ({"ranking": "listwise", "contrastive": "scl", "weighting": "equal"}, "4e8fb965d9a14731")]
+    for loss, expected in golden:
+        assert key(loss) == expected, loss
+    assert key({"ranking": "pairwise", "contrastive": "infonce", "lambda": 0.25}, augmentation={"method": "bm25"}) == "dccd5c1cef56cc8b"
+    # the set never grows: later parameters are left out by rule
+    assert _ALWAYS_KEYED_LOSS_PARAMETERS == {"margin", "lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"}
+    lambdaloss = key({"ranking": "lambdaloss"})
+    assert lambdaloss == "b81a4fe712dc799a"
+    assert lambdaloss not in {key({}), key({"ranking": "listwise"})} | {k for _, k in golden}
+    assert key({"ranking": "lambdaloss", "lambdaloss_sigma": 1.0, "lambdaloss_mu": 10.0}) == lambdaloss  # its defaults
+    assert len({lambdaloss, key({"ranking": "lambdaloss", "lambdaloss_sigma": 1.5}),
+                key({"ranking": "lambdaloss", "lambdaloss_mu": 5.0})}) == 3

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.report.robustness import perturbed_vs_clean, robustness_table
 from orchestrator.report.tables import render_markdown
-from workloads.significance import paired_test
+from workloads.evaluation.significance import paired_test
 
 
 @dataclass

@@ -54,7 +54,7 @@ def test_exact_runs_tags_and_metrics(failing_sweep):
     winners = [c for c in cells if c.info.status == "FINISHED"]
     assert len(winners) == 2
     # the winners are tested on data.test_collection (the held-out copy), not on the training collection
-    from workloads.collections import resolve_collection
+    from workloads.data.collections import resolve_collection
     from workloads.evaluation import evaluate
     from workloads.retrieval.bm25 import retrieve
 

@@ -13,10 +13,14 @@ from orchestrator.sweep.grid import check_targets, expand_grid, load_sweep
 from workloads.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted(p for p in (REPO / "search_spaces").glob("*.yaml") if "grid" in yaml.safe_load(p.read_text()))
+SWEEPS = sorted((REPO / "search_spaces").glob("*.yaml"))  # sweeps at the top, trial files in trials/
+TRIAL_FILES = sorted((REPO / "search_spaces" / "trials").glob("*.yaml"))
 
 
-TRIAL_FILES = sorted(p for p in (REPO / "search_spaces").glob("*.yaml") if p not in SWEEPS)
+def test_sweeps_and_trial_files_are_told_apart_by_their_folder():
+    assert len(SWEEPS) >= 4 and len(TRIAL_FILES) >= 5
+    assert all("grid" in yaml.safe_load(p.read_text()) for p in SWEEPS), "a file at the top is not a sweep"
+    assert not any("grid" in yaml.safe_load(p.read_text()) for p in TRIAL_FILES), "a trial file is a sweep"
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)

@@ -7,11 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from workloads.augmentation import build_augmentation_sets, corpus_sentences, document_sentences, select_sentences
-from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, load_glove
-from workloads.augmentation.sentences import split_sentences
-from workloads.collections import Collection, Document
+from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer
+from workloads.data.collections import Collection, Document
 from workloads.errors import InputError
 from workloads.spec import AugmentationSpec
+from workloads.text.glove import load_glove
+from workloads.text.sentences import split_sentences
 
 DOC = ("Cats are small mammals. They sleep a lot, e.g. sixteen hours per day. "
        "Purring is how cats signal comfort. J. Smith et al. studied purring in 2001. Dogs bark.")
@@ -78,7 +79,7 @@ def test_glove_bad_file(tmp_path):
 
 
 def test_real_glove_subset_covers_scifact_words():
-    from workloads.augmentation.scorers import resolve_glove_path
+    from workloads.text.glove import resolve_glove_path
 
     words, vectors = load_glove(resolve_glove_path("glove/glove.6B.50d.top100k.txt.gz"))
     assert vectors.shape == (100_000, 50) and "protein" in words
@@ -97,7 +98,7 @@ def toy_collection():
 def write_training_set(path, positives=("d1",) * 3):
     import pyarrow as pa
 
-    from workloads.training_data import TRAINING_SCHEMA
+    from workloads.training_sets import TRAINING_SCHEMA
 
     rows = [{"query_id": "q1", "query": "cats purring comfort", "positive_id": p, "positive": DOC,
              "negative_id": "d2", "negative": "Dogs bark loudly. Dogs run."} for p in positives]
@@ -130,7 +131,7 @@ def test_title_is_a_candidate_sentence_of_its_own():
 
 
 def test_title_only_document_is_augmented_with_its_title_and_an_empty_one_gets_no_pair(tmp_path):
-    from workloads.batches import triples_to_batch
+    from workloads.batching import triples_to_batch
     from workloads.training import with_augmentation
 
     collection = toy_collection()

@@ -7,7 +7,7 @@ import torch
 
 from workloads.batching import lists_to_batch, make_batch, plan_epoch
 from workloads.losses import ModelOutputs, build_ranking_loss
-from workloads.training_data import sample_triples
+from workloads.training_sets import sample_triples
 
 
 def _rows(queries: int, positives_per_query: int = 1, negatives: int = 3) -> list[dict]:

@@ -34,7 +34,7 @@ def test_scifact_test_regression_and_cache(scifact_dir, shared_cache):
 
 
 def test_query_id_excluded_from_its_own_hits(tmp_path):
-    from workloads.collections import Collection, Document
+    from workloads.data.collections import Collection, Document
     from workloads.retrieval.bm25 import BM25Params, retrieve
 
     corpus = {d: Document(d, "", text) for d, text in

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.collections import load_beir_directory, resolve_collection
+from workloads.data.collections import load_beir_directory, resolve_collection
 from workloads.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from workloads.batches import PairStructure, triples_to_batch
+from workloads.batching import PairStructure, triples_to_batch
 from workloads.losses import CONTRASTIVE_LOSSES, ModelOutputs, RankingWithContrastive, build_contrastive_loss, build_ranking_loss
 
 # Pairs: 0 (q0, d+), 1 (q0, d-), 2 (q1, d+), 3 (q1, d-), 4 (q0, d+_a made from pair 0), 5 (q0, d-_a)

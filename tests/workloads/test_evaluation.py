@@ -3,7 +3,7 @@
 import pytest
 import pytrec_eval
 
-from workloads.collections import resolve_collection
+from workloads.data.collections import resolve_collection
 from workloads.evaluation import evaluate
 from workloads.reranking import merge_with_first_stage
 from workloads.retrieval.bm25 import retrieve

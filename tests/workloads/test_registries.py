@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workloads.augmentation.scorers import SCORERS
-from workloads.batches import triples_to_batch
+from workloads.batching import triples_to_batch
 from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, ModelOutputs, build_loss
 from workloads.spec import AugmentationSpec, LossSpec, TrialSpec
 
@@ -94,3 +94,95 @@ def test_every_augmentation_scorer_is_configurable_and_constructible(method, tmp
     assert scorer.name == method
     scores = scorer.scores("cats purr", sentences["d1"], random.Random(0))
     assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
+
+
+def _declarations():
+    """(owner, declaration) of every loss and every weighting of the combination."""
+    from workloads.losses import WEIGHTINGS
+
+    found = [(f"{kind} loss '{name}'", p) for kind, name in ALL_LOSSES
+             for p in (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name].declared_parameters]
+    return found + [(f"weighting '{w}'", p) for w, parameters in WEIGHTINGS.items() for p in parameters]
+
+
+def test_a_field_several_losses_read_is_declared_alike():
+    by_field: dict = {}
+    for owner, parameter in _declarations():
+        by_field.setdefault(parameter.field, []).append((owner, parameter))
+    for field, owners in by_field.items():
+        first_owner, first = owners[0]
+        for owner, parameter in owners[1:]:
+            assert parameter.compatible(first), f"'{field}': {first_owner} and {owner} declare it differently"
+    # the shared ones (the constructor argument may differ: infonce's temperature is scl's tau)
+    assert {o for o, _ in by_field["margin"]} >= {"ranking loss 'pairwise'", "ranking loss 'mhl'"}
+    assert {o for o, _ in by_field["tau"]} >= {"contrastive loss 'scl'", "contrastive loss 'infonce'"}
+    assert {o for o, _ in by_field["contrastive_margin"]} >= {"contrastive loss 'ctriplet'", "contrastive loss 'tml'"}
+
+
+def test_declarations_that_disagree_are_refused():
+    from workloads.losses import Parameter, collect_declarations
+
+    one = Parameter(field="x", annotation=float, default=1.0, gt=0, description="a number")
+    assert collect_declarations({"a": (one,), "b": (one.taken_as("y"),)}) == {"x": one}  # another argument: fine
+    for other in (Parameter(field="x", annotation=float, default=2.0, gt=0, description="a number"),
+                  Parameter(field="x", annotation=int, default=1, gt=0, description="a number"),
+                  Parameter(field="x", annotation=float, default=1.0, ge=0, description="a number")):
+        with pytest.raises(TypeError, match="LossSpec field 'x' is declared differently by a and b"):
+            collect_declarations({"a": (one,), "b": (other,)})
+
+
+def test_hyperparameters_and_searchable_are_derived_never_declared():
+    from workloads.losses import PairLoss
+
+    with pytest.raises(TypeError, match="derived"):
+        type("Redeclared", (PairLoss,), {"name": "redeclared", "hyperparameters": {"margin": "margin"}})
+    for _, name in ALL_LOSSES:
+        cls = {**RANKING_LOSSES, **CONTRASTIVE_LOSSES}[name]
+        assert cls.hyperparameters == {p.field: p.argument for p in cls.declared_parameters}
+        assert cls.searchable == tuple(p.field for p in cls.declared_parameters if p.searchable)
+
+
+def test_lossspec_fields_are_the_declarations():
+    from workloads.losses import PARAMETERS
+    from workloads.spec import LOSS_HYPERPARAMETERS
+
+    assert set(LOSS_HYPERPARAMETERS) == set(PARAMETERS)
+    for owner, p in _declarations():
+        info = LossSpec.model_fields[p.field]
+        bounds = {k: getattr(m, k) for m in info.metadata for k in ("gt", "ge", "lt", "le") if hasattr(m, k)}
+        assert (info.annotation, info.default, info.description, info.alias, bounds) == (
+            p.annotation, p.default, p.description, p.alias, p.bounds), f"{owner}: {p.field}"
+    # error messages name the field the YAML file uses
+    with pytest.raises(ValueError, match="'lambda' has no effect with ranking 'pointwise', contrastive 'none'"):
+        LossSpec.model_validate({"lambda": 0.3})
+    with pytest.raises(ValueError, match="'lambdaloss_sigma' has no effect with ranking 'pointwise'"):
+        LossSpec.model_validate({"lambdaloss_sigma": 2.0})
+    assert LossSpec.model_validate({"ranking": "lambdaloss", "lambdaloss_sigma": 2.0}).lambdaloss_sigma == 2.0
+
+
+@pytest.mark.parametrize("kind, name", ALL_LOSSES)
+def test_constructor_defaults_are_the_declared_defaults(kind, name):
+    cls = (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name]
+    arguments = inspect.signature(cls.__init__).parameters
+    for p in cls.declared_parameters:
+        default = arguments[p.argument].default
+        if default is None:  # a margin: the declared one (MarginPairLoss)
+            default = cls.default_margin()
+        assert default == p.default, f"{name}.__init__({p.argument}={default!r}) but {p.field} declares {p.default!r}"
+        trial = {"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, "augmentation": {"method": "bm25"},
+                 "loss": {kind: name, p.shown: p.keyed_default}}
+        TrialSpec.model_validate(trial)  # its keyed default is a value the field accepts
+
+
+def test_every_searchable_declaration_is_in_the_search_space():
+    from orchestrator.sweep.grid import SearchSpec
+    from workloads.losses import PARAMETERS
+
+    searchable = {f for f, p in PARAMETERS.items() if p.searchable}
+    assert searchable >= {"margin", "lambda_", "tau", "contrastive_margin", "nca_scale", "lambdaloss_sigma"}
+    assert searchable <= set(SearchSpec.model_fields)
+    assert not ({f for f, p in PARAMETERS.items() if not p.searchable} & set(SearchSpec.model_fields))
+    for field in searchable:
+        assert SearchSpec.model_fields[field].alias == PARAMETERS[field].alias
+    search = SearchSpec.model_validate({"lambda": {"low": 0.1, "high": 0.5}, "lambdaloss_sigma": {"choices": [0.5, 2.0]}})
+    assert search.lambda_.low == 0.1 and search.lambdaloss_sigma.choices == [0.5, 2.0]

@@ -192,7 +192,7 @@ def test_each_selector_can_learn_the_task_from_direct_supervision(tmp_path, meth
     """The selector alone, trained to pick the sentence with the query's word (cross-entropy on
     its scores): each architecture can represent "shares the rare word"; untrained, neither does."""
     from workloads.selectors.select_and_rank import SelectAndRank
-    from workloads.spec import SelectorSpec
+    from workloads.selectors.spec import SelectorSpec
 
     triples, sentences, _ = _constructed_task(tmp_path, 96, seed=1)
     held_out, held_out_sentences, _ = _constructed_task(tmp_path, 60, seed=2)
@@ -221,8 +221,8 @@ def test_a_linear_selector_learns_the_task_through_select_and_rank(tmp_path):
     test's budget). The attention selector, whose cosine scores in [-1, 1] make the relaxed
     top-k nearly uniform, did not learn this task within 5 epochs here (see the README)."""
     method = "linear"
+    from workloads.selectors.kind import SelectorTrialSpec
     from workloads.selectors.select_and_rank import SelectAndRank
-    from workloads.selectors.spec import SelectorTrialSpec
     from workloads.selectors.training import SelectorInputs, train_selector
 
     triples, sentences, qrels = _constructed_task(tmp_path, 160, seed=1)
@@ -283,15 +283,15 @@ def _selector_trial(tiny_model_dir, **selector):
 
 def test_a_trial_needs_its_trained_selector_and_a_trained_one_is_reused(tmp_path, tiny_model_dir, scifact_dir, monkeypatch,
                                                                         project_log):
-    from workloads.selectors.spec import selector_trial, trained_selector
-    from workloads.selectors.training import train_selector_in_process
-    from workloads.trial import SelectorNotTrained, prepare_trial, run_trial_in_process
+    from workloads.kinds import run_in_process
+    from workloads.selectors.kind import selector_trial, trained_selector
+    from workloads.trial import SelectorNotTrained, prepare_trial
 
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))  # no selector trained yet
     spec = _selector_trial(tiny_model_dir)
     with pytest.raises(SelectorNotTrained, match="linear selector is not trained"):
         prepare_trial(spec)
-    prepared, records, tested = run_trial_in_process(spec, tmp_path / "run")  # trains it first, in-process
+    prepared, records, tested = run_in_process(spec, tmp_path / "run")  # trains it first, in-process
     selector = trained_selector(selector_trial(spec))
     assert selector is not None and (selector / "selector.safetensors").exists()
     import pyarrow.parquet as pq
@@ -299,16 +299,16 @@ def test_a_trial_needs_its_trained_selector_and_a_trained_one_is_reused(tmp_path
     rows = pq.read_table(prepared.training.augmentation_for(1)).to_pylist()
     assert all(r["sentences_kept"] == min(2, r["sentences_total"]) for r in rows)
     mtime = (selector / "selector_result.json").stat().st_mtime
-    run_trial_in_process(spec, tmp_path / "again")  # same selector: reused, not retrained
+    run_in_process(spec, tmp_path / "again")  # same selector: reused, not retrained
     assert (selector / "selector_result.json").stat().st_mtime == mtime
-    trained_epochs = {r.getMessage() for r in project_log.records if r.getMessage().startswith("selector epoch 1: validation")}
+    trained_epochs = {r.getMessage() for r in project_log.records if r.getMessage().startswith("selector epoch 1: train")}
     assert len(trained_epochs) == 1  # trained once (a record may reach the capture twice: it propagates)
     # a different selector config is another selector, with its own augmentation
     other = selector_trial(_selector_trial(tiny_model_dir, tau=0.5))
     assert trained_selector(other) is None
     with pytest.raises(ValueError, match="make no full batch"):
-        train_selector_in_process(other.model_copy(update={"selector": other.selector.model_copy(update={"batch_size": 64})}),
-                                  tmp_path / "too-big")  # 8 triples make no batch of 32: an error, nothing installed
+        run_in_process(other.model_copy(update={"selector": other.selector.model_copy(update={"batch_size": 64})}),
+                       tmp_path / "too-big")  # 8 triples make no batch of 32: an error, nothing installed
     assert trained_selector(other) is None
 
 
@@ -333,7 +333,7 @@ def _selector_ddp_worker(rank: int, world: int, port: int, data_dir: str, model_
 
     import torch.distributed as dist
 
-    from workloads.selectors.spec import SelectorTrialSpec
+    from workloads.selectors.kind import SelectorTrialSpec
     from workloads.selectors.training import SelectorInputs, train_selector
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -378,7 +378,7 @@ def test_selector_training_keeps_data_parallel_workers_identical(tmp_path, tiny_
     for key in first:
         assert torch.equal(first[key], second[key]), key
     from workloads.selectors.select_and_rank import SelectAndRank
-    from workloads.spec import SelectorSpec
+    from workloads.selectors.spec import SelectorSpec
 
     torch.manual_seed(13)  # the workers' initialisation (the spec's seed)
     untrained = SelectAndRank.build("linear", SelectorSpec(k=1, dimension=8), str(tiny_model_dir), 32).state_dict()

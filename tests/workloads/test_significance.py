@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from workloads.significance import PAIRED_TESTS, adjust_p_values, paired_test, relative_change, significance_level
+from workloads.evaluation.significance import PAIRED_TESTS, adjust_p_values, paired_test, relative_change, significance_level
 
 QUERIES = [f"q{i}" for i in range(40)]
 

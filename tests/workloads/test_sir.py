@@ -169,6 +169,7 @@ def test_sir_settings_are_checked():
 
 def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
     import workloads.training as training
+    import workloads.training.step as step
     from workloads.spec import TrialSpec
     from workloads.trial import prepare_trial
 
@@ -183,7 +184,7 @@ def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_mo
     def too_big(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(training, "accumulated_step", too_big)
+    monkeypatch.setattr(step, "accumulated_step", too_big)
     with pytest.raises(training.StepOutOfMemoryError, match=r"lower optimization.batch_size .* or training_data.negatives "
                                                         r"\(block size\), set optimization.gradient_checkpointing: true"):
         training.train_cross_encoder(spec, prepared.training, lambda *a: None)
@@ -243,9 +244,10 @@ def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, st
     import shutil
 
     import workloads.training as training
+    import workloads.training.step as step
 
     first_weights, reports = {}, []
-    real_step = training.accumulated_step
+    real_step = step.accumulated_step
 
     def recording_step(wrapped, objective, *args, **kwargs):
         first_weights.setdefault(id(objective), {k: v.detach().clone() for k, v in objective.model.state_dict().items()})
@@ -258,7 +260,7 @@ def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, st
         if stop_after is not None and metrics["epoch"] == stop_after:
             raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(training, "accumulated_step", recording_step)
+    monkeypatch.setattr(step, "accumulated_step", recording_step)
     try:
         training.train_cross_encoder(spec, prepared.training, report, resume_from=resume_from)
     except KeyboardInterrupt:
@@ -327,19 +329,19 @@ def test_tiny_sir_trials_in_process_tell_the_variants_apart(tmp_path, tiny_model
     the same in all three (same dropout draws), so the first step's loss is L_1 for V0 and
     L_1 plus a positive term for V3 (L_M) and V4 (every later level's CPR term), and V3 and V4
     differ."""
-    import workloads.training as training
+    import workloads.training.step as step
+    from workloads.kinds import run_in_process as run_trial_in_process
     from workloads.spec import TrialSpec
-    from workloads.trial import run_trial_in_process
 
     first_loss = {}
-    real_step = training.accumulated_step
+    real_step = step.accumulated_step
 
     def recording_step(*args, **kwargs):
         loss = real_step(*args, **kwargs)
         first_loss.setdefault(variant, float(loss))
         return loss
 
-    monkeypatch.setattr(training, "accumulated_step", recording_step)
+    monkeypatch.setattr(step, "accumulated_step", recording_step)
     for variant in ("v0", "v3", "v4"):
         spec = TrialSpec.model_validate({
             "name": f"sir-{variant}", "data": {"collection": "beir/scifact", "validation_queries": 5},

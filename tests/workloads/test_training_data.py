@@ -3,10 +3,10 @@
 import pyarrow.parquet as pq
 import pytest
 
-from workloads.collections import resolve_collection
+from workloads.data.collections import resolve_collection
 from workloads.errors import InputError
 from workloads.retrieval.bm25 import retrieve
-from workloads.training_data import build_training_set, carve_validation_queries, sample_triples, select_size
+from workloads.training_sets import build_training_set, carve_validation_queries, sample_triples, select_size
 
 RUN = {
     "q1": {"p1": 9.0, "n1": 8.0, "n2": 7.0, "p2": 6.0, "n3": 5.0},

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workloads.batches import triples_to_batch
+from workloads.batching import triples_to_batch
 from workloads.losses import build_loss
 from workloads.spec import LossSpec
 

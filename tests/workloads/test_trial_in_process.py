@@ -2,8 +2,9 @@
 
 import pytest
 
+from workloads.kinds import run_in_process as run_trial_in_process
 from workloads.spec import TrialSpec
-from workloads.trial import choose_epoch, run_trial_in_process
+from workloads.trial import choose_epoch
 
 
 def test_choose_epoch_is_the_best_validation_and_the_earlier_on_ties():

@@ -7,7 +7,7 @@ from pathlib import Path
 import ir_measures
 import pytest
 
-from workloads.collections import load_wikiqa_directory, resolve_collection
+from workloads.data.collections import load_wikiqa_directory, resolve_collection
 from workloads.errors import InputError
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.spec import TrialSpec
@@ -166,8 +166,8 @@ def test_first_stage_options_are_checked(tmp_path, tiny_model_dir):
 def test_list_batches_train_a_trial_on_given_lists(tmp_path, tiny_model_dir, batching, monkeypatch):
     """A whole trial in-process on the hand-made WikiQA: the training loop composes the
     chosen batches (spied) and MHL + TML train on them."""
-    import workloads.training as training
-    from workloads.trial import run_trial_in_process
+    import workloads.training.rerank as training
+    from workloads.kinds import run_in_process as run_trial_in_process
 
     root = write_wikiqa(tmp_path / "wikiqa")
     seen = []

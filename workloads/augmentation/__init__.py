@@ -1,4 +1,4 @@
-"""Data augmentation (AUG Algorithm 1; METHODS section 5): lexical scorers and trained selectors.
+"""Data augmentation (AUG Algorithm 1): lexical scorers and trained selectors.
 
 For each training triple (q, d+, d-) a second triple (q, d+_a, d-_a) is made: d+_a is the
 k_a highest-scoring sentences of d+ under score(q, s) (a lexical scorer or a trained
@@ -30,17 +30,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer, resolve_glove_path
-from workloads.augmentation.sentences import split_sentences
-from workloads.collections import Collection, Document
+from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer
+from workloads.data.collections import Collection, Document
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
+from workloads.text.glove import resolve_glove_path
+from workloads.text.sentences import SPLITTER_VERSION, split_sentences
 
 if TYPE_CHECKING:  # the spec imports the scorer registry: no import cycle at run time
     from workloads.spec import AugmentationSpec
-
-# 2: the title is a candidate sentence of its own (1 split the text only)
-SPLITTER_VERSION = 2
 
 AUGMENTATION_SCHEMA = pa.schema([
     ("query_id", pa.string()), ("positive_id", pa.string()), ("augmented_positive", pa.string()),

@@ -17,7 +17,6 @@ entry; ``AugmentationSpec.method`` and the sweep grid's available methods read i
 
 from __future__ import annotations
 
-import gzip
 import math
 import random
 from collections import Counter
@@ -27,13 +26,15 @@ from typing import Protocol
 
 import numpy as np
 
-from workloads.augmentation.text import tokenize
 from workloads.errors import InputError
-from workloads.paths import data_dir
+from workloads.selectors.select_and_rank import SelectAndRank
+from workloads.text.glove import load_glove, resolve_glove_path
+from workloads.text.tokens import tokenize
 
 
 class SentenceScorer(Protocol):
     name: str
+    supervised: bool  # scores with a trained selector (``workloads.selectors``), trained first
 
     @classmethod
     def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SentenceScorer:
@@ -43,17 +44,9 @@ class SentenceScorer(Protocol):
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]: ...
 
 
-def resolve_glove_path(glove_path: str) -> Path:
-    path = Path(glove_path).expanduser()
-    if not path.is_absolute() and not path.exists() and data_dir() is not None:
-        path = data_dir() / path
-    if not path.exists():
-        raise InputError(glove_path, "GloVe file not found (relative paths resolve against $ORCHESTRATE_DATA_DIR)")
-    return path
-
-
 class RandomScorer:
     name = "random"
+    supervised = False
 
     @classmethod
     def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> RandomScorer:
@@ -65,6 +58,7 @@ class RandomScorer:
 
 class BM25SentenceScorer:
     name = "bm25"
+    supervised = False
 
     def __init__(self, documents: Iterable[list[str]], k1: float = 0.9, b: float = 0.4):
         """``documents``: each document of the corpus as its list of sentences."""
@@ -103,33 +97,9 @@ class BM25SentenceScorer:
         return [self.score(query_tokens, s) for s in sentences]
 
 
-def load_glove(path: Path) -> tuple[dict[str, int], np.ndarray]:
-    """Read a GloVe text file (``word v1 ... vd`` per line, optionally gzipped)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    words: dict[str, int] = {}
-    vectors: list[list[float]] = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, 1):
-                fields = line.rstrip().split(" ")
-                if len(fields) < 2:
-                    continue
-                if vectors and len(fields) - 1 != len(vectors[0]):
-                    raise InputError(f"{path}:{line_no}", f"expected {len(vectors[0])} values, got {len(fields) - 1}")
-                try:
-                    vectors.append([float(v) for v in fields[1:]])
-                except ValueError:
-                    raise InputError(f"{path}:{line_no}", "not a GloVe line (word followed by numbers)") from None
-                words[fields[0]] = len(words)
-    except OSError as exc:
-        raise InputError(path, f"cannot read GloVe vectors ({exc.strerror or exc})") from None
-    if not vectors:
-        raise InputError(path, "no vectors")
-    return words, np.asarray(vectors, dtype=np.float32)
-
-
 class GloVeScorer:
     name = "glove"
+    supervised = False
 
     def __init__(self, words: dict[str, int], vectors: np.ndarray):
         self.words, self.vectors = words, vectors
@@ -159,6 +129,7 @@ class SelectorScorer:
     """A trained supervised selector (select-and-rank's, eval mode) scoring each sentence."""
 
     name = ""
+    supervised = True
 
     def __init__(self, model):
         self.model = model
@@ -167,8 +138,6 @@ class SelectorScorer:
     def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SelectorScorer:
         if selector is None:
             raise ValueError(f"augmentation '{cls.name}' needs a trained selector")
-        from workloads.selectors.select_and_rank import SelectAndRank
-
         model = SelectAndRank.load(selector)
         model.eval()
         return cls(model)
@@ -188,4 +157,4 @@ class AttentionSelectorScorer(SelectorScorer):
 SCORERS: dict[str, type] = {RandomScorer.name: RandomScorer, BM25SentenceScorer.name: BM25SentenceScorer,
                             GloVeScorer.name: GloVeScorer, LinearSelectorScorer.name: LinearSelectorScorer,
                             AttentionSelectorScorer.name: AttentionSelectorScorer}
-SUPERVISED_METHODS = (LinearSelectorScorer.name, AttentionSelectorScorer.name)  # they need a trained selector
+SUPERVISED_METHODS = tuple(name for name, scorer in SCORERS.items() if scorer.supervised)  # need a trained selector

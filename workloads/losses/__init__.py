@@ -1,16 +1,28 @@
 """Loss registry: one module per loss, looked up by the name a trial spec uses.
 
-A new loss is one module (a ``PairLoss`` subclass declaring ``name``, ``hyperparameters``
-and ``searchable``) plus one line in ``RANKING_LOSSES`` or ``CONTRASTIVE_LOSSES``; spec
-validation (``workloads.spec.LossSpec``), construction (:func:`build_loss`) and the sweep's
-search space read those declarations. Hyper-parameters are named by their ``LossSpec``
-field everywhere outside the loss's own constructor.
+A new loss is one module plus one registration: a ``PairLoss`` subclass declaring ``name``
+and its hyper-parameters, once, as typed ``declared_parameters`` (:class:`Parameter`, see
+``workloads.losses.base``), and one line in ``RANKING_LOSSES`` or ``CONTRASTIVE_LOSSES``.
+Everything else is generated from the declarations: the ``LossSpec`` fields with their
+types, defaults, bounds and descriptions, and their validation (``workloads.spec``),
+construction (:func:`build_loss`), the sweep's search space (``SearchSpec`` in
+``orchestrator.sweep.grid``) and trial identity (``orchestrator.core.schema.trial_key``
+leaves a new parameter out of the key where it is not read or at its ``keyed_default``, so
+trials tracked before it existed keep their identity). The combination
+(:class:`RankingWithContrastive`) declares the parameters of its weightings the same way
+(``WEIGHTINGS``).
+
+Hyper-parameters are named by their ``LossSpec`` field everywhere outside the loss's own
+constructor; a field several losses read has one declaration (checked at import, see
+:func:`collect_declarations`). Append to a registry, never reorder it: the registries' order
+is the order of ``LossSpec``'s fields, which trial keys hash.
 """
 
-from workloads.losses.base import ModelOutputs, PairLoss
-from workloads.losses.combined import RankingWithContrastive
+from workloads.losses.base import ModelOutputs, PairLoss, Parameter
+from workloads.losses.combined import WEIGHTINGS, RankingWithContrastive
 from workloads.losses.ctriplet import RankingCTriplet
 from workloads.losses.infonce import RankingInfoNCE
+from workloads.losses.lambdaloss import LambdaLoss
 from workloads.losses.listwise import ListwiseSoftmax, SIRLoss
 from workloads.losses.mhl import MaxHinge
 from workloads.losses.nca import RankingNCA
@@ -25,17 +37,43 @@ RANKING_LOSSES: dict[str, type[PairLoss]] = {
     MaxHinge.name: MaxHinge,
     ListwiseSoftmax.name: ListwiseSoftmax,
     SIRLoss.name: SIRLoss,
+    LambdaLoss.name: LambdaLoss,
 }
 CONTRASTIVE_LOSSES: dict[str, type[PairLoss]] = {
     RankingSCL.name: RankingSCL,
     RankingCTriplet.name: RankingCTriplet,
     RankingInfoNCE.name: RankingInfoNCE,
+    TripletMargin.name: TripletMargin,  # before nca: LossSpec's tml_* fields precede nca_*, as trial keys hash them
     RankingNCA.name: RankingNCA,
-    TripletMargin.name: TripletMargin,
 }
-# Hyper-parameters of the combination (RankingWithContrastive), by weighting.
-WEIGHTING_PARAMETERS: dict[str, tuple[str, ...]] = {"fixed": ("lambda_",), "equal": (), "dwa": ("dwa_period",)}
-SEARCHABLE_WEIGHTING_PARAMETERS = ("lambda_",)
+# Hyper-parameters of the combination (RankingWithContrastive), by weighting (its WEIGHTINGS).
+WEIGHTING_PARAMETERS: dict[str, tuple[str, ...]] = {w: tuple(p.field for p in ps) for w, ps in WEIGHTINGS.items()}
+SEARCHABLE_WEIGHTING_PARAMETERS = tuple(p.field for ps in WEIGHTINGS.values() for p in ps if p.searchable)
+
+
+def collect_declarations(owners: dict[str, tuple[Parameter, ...]]) -> dict[str, Parameter]:
+    """Every declaration by ``LossSpec`` field, in order of first declaration. A field that
+    several owners (losses, weightings) declare must be declared alike: one type, default,
+    bounds, description, searchability and keyed default (the constructor argument may differ)."""
+    found: dict[str, tuple[str, Parameter]] = {}
+    for owner, parameters in owners.items():
+        for parameter in parameters:
+            first_owner, first = found.setdefault(parameter.field, (owner, parameter))
+            if not first.compatible(parameter):
+                raise TypeError(f"LossSpec field '{parameter.field}' is declared differently by {first_owner} and {owner}: "
+                                f"{first} != {parameter}")
+    return {field: parameter for field, (_, parameter) in found.items()}
+
+
+# Every loss hyper-parameter, by LossSpec field: the ranking losses', the weightings', the contrastive losses'.
+PARAMETERS: dict[str, Parameter] = collect_declarations({
+    **{f"ranking loss '{n}'": cls.declared_parameters for n, cls in RANKING_LOSSES.items()},
+    **{f"weighting '{w}'": parameters for w, parameters in WEIGHTINGS.items()},
+    **{f"contrastive loss '{n}'": cls.declared_parameters for n, cls in CONTRASTIVE_LOSSES.items()},
+})
+# The fields of each registry's losses, in registry order (LossSpec's order within each group).
+RANKING_PARAMETERS = tuple(dict.fromkeys(p.field for cls in RANKING_LOSSES.values() for p in cls.declared_parameters))
+CONTRASTIVE_PARAMETERS = tuple(dict.fromkeys(p.field for cls in CONTRASTIVE_LOSSES.values() for p in cls.declared_parameters))
 
 
 def _construct(registry: dict[str, type[PairLoss]], kind: str, name: str, settings: dict, hidden_size: int | None) -> PairLoss:
@@ -75,7 +113,7 @@ def searchable_parameters(spec) -> tuple[str, ...]:
     """The LossSpec fields a sweep searches for ``spec`` (ranking, then weighting, then contrastive)."""
     names = list(RANKING_LOSSES[spec.ranking].searchable)
     if spec.contrastive != "none":
-        names += [p for p in WEIGHTING_PARAMETERS[spec.weighting] if p in SEARCHABLE_WEIGHTING_PARAMETERS]
+        names += [p.field for p in WEIGHTINGS[spec.weighting] if p.searchable]
         names += CONTRASTIVE_LOSSES[spec.contrastive].searchable
     return tuple(names)
 
@@ -89,8 +127,11 @@ def build_loss(spec, hidden_size: int) -> PairLoss:
     if spec.contrastive == "none":
         return ranking
     contrastive = build_contrastive_loss(spec.contrastive, hidden_size, **settings(CONTRASTIVE_LOSSES[spec.contrastive]))
-    return RankingWithContrastive(ranking, contrastive, spec.weighting, spec.lambda_, spec.dwa_period)
+    weights = {p.argument: getattr(spec, p.field) for p in RankingWithContrastive.declared_parameters}
+    return RankingWithContrastive(ranking, contrastive, spec.weighting, **weights)
 
 
-__all__ = ["ModelOutputs", "PairLoss", "RANKING_LOSSES", "CONTRASTIVE_LOSSES", "WEIGHTING_PARAMETERS", "build_ranking_loss",
-           "build_contrastive_loss", "build_loss", "loss_parameters", "searchable_parameters", "RankingWithContrastive"]
+__all__ = ["ModelOutputs", "PairLoss", "Parameter", "RANKING_LOSSES", "CONTRASTIVE_LOSSES", "WEIGHTINGS", "WEIGHTING_PARAMETERS",
+           "PARAMETERS", "RANKING_PARAMETERS", "CONTRASTIVE_PARAMETERS", "collect_declarations", "build_ranking_loss",
+           "build_contrastive_loss", "build_loss", "loss_parameters", "searchable_parameters", "RankingWithContrastive",
+           "LambdaLoss"]

@@ -5,10 +5,19 @@ structure, and returns a scalar. ``config`` holds the hyper-parameters (logged w
 A batch in which a loss has nothing to compare (e.g. no negative for any positive) gives a
 zero that keeps the graph, and is counted in ``degenerate_batches``; never NaN.
 
-Each loss declares its hyper-parameters once, in ``hyperparameters`` (the ``LossSpec`` field
--> the constructor argument) and ``searchable`` (the fields a sweep may search): spec
-validation, construction and the sweep's search space all read these declarations (the
-``SUPPORTED_PARAMS`` idea of ir_measures).
+Each loss declares its hyper-parameters once, as typed :class:`Parameter` declarations in
+``declared_parameters`` (the ``SUPPORTED_PARAMS`` idea of ir_measures): the ``LossSpec``
+field and the constructor argument it feeds, its type (``float``, ``int`` or a ``Literal`` of
+choices), default, bounds, description, whether a sweep may search it, and the value that
+reproduces what trials computed before it existed (``keyed_default``). Everything else is
+generated from these declarations: the ``LossSpec`` field (``workloads.spec``), the
+construction (``workloads.losses.build_loss``), the sweep's search space (``SearchSpec`` in
+``orchestrator.sweep.grid``) and the parameter's part in a trial's identity
+(``orchestrator.core.schema.trial_key``). ``hyperparameters`` (field -> argument) and
+``searchable`` (the searchable fields) are derived from them, never declared. Several losses
+reading one ``LossSpec`` field share one declaration (``MARGIN`` here, ``TAU`` and
+``CONTRASTIVE_MARGIN`` in ``workloads.losses.contrastive``; :meth:`Parameter.taken_as` when a
+constructor names the argument differently): one field, one type, default and bounds.
 
 Counters that change training (a step counter, degenerate batches) are part of the
 module's ``state_dict`` (``get_extra_state``), so a resumed trial continues exactly where
@@ -17,13 +26,13 @@ the checkpoint left it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from workloads.batches import PairStructure
+from workloads.batching import PairStructure
 
 
 @dataclass
@@ -32,11 +41,89 @@ class ModelOutputs:
     phi: torch.Tensor     # [B, H]
 
 
+_FROM_DEFAULT: Any = object()  # keyed_default not given: the default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parameter:
+    """One hyper-parameter of a loss, declared once.
+
+    ``field`` is its ``LossSpec`` field (its name everywhere outside the loss's constructor,
+    YAML files included, where ``alias`` replaces it when set), ``argument`` the constructor
+    argument it feeds (default: ``field``). ``annotation`` is its type: ``float``, ``int`` or
+    ``Literal[...]`` of its choices; ``gt``/``ge``/``lt``/``le`` bound a number.
+    ``searchable``: a sweep's ``search`` may give it a range or choices.
+
+    ``keyed_default`` is the value that computes what trials computed before the parameter
+    existed (default: ``default``): a trial whose losses do not read the parameter, or read
+    it at that value, keeps the identity it had then (``orchestrator.core.schema.trial_key``).
+    Give it only when the parameter's default computes something new, e.g. a reading added
+    with a new default.
+    """
+
+    field: str
+    annotation: Any
+    default: Any
+    description: str
+    argument: str = ""
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    alias: str | None = None
+    searchable: bool = False
+    keyed_default: Any = _FROM_DEFAULT
+
+    def __post_init__(self) -> None:
+        if not self.argument:
+            object.__setattr__(self, "argument", self.field)
+        if self.keyed_default is _FROM_DEFAULT:
+            object.__setattr__(self, "keyed_default", self.default)
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """The bounds that are set, as pydantic ``Field`` arguments."""
+        return {k: v for k in ("gt", "ge", "lt", "le") if (v := getattr(self, k)) is not None}
+
+    @property
+    def shown(self) -> str:
+        """The name a YAML file gives it."""
+        return self.alias or self.field
+
+    def taken_as(self, argument: str) -> Parameter:
+        """The same declaration, fed to a constructor argument of another name."""
+        return replace(self, argument=argument)
+
+    def compatible(self, other: Parameter) -> bool:
+        """Whether two losses declare one ``LossSpec`` field alike (the constructor argument may differ)."""
+        return replace(self, argument=self.field) == replace(other, argument=other.field)
+
+
+MARGIN = Parameter(field="margin", annotation=float, default=1.0, gt=0, searchable=True,
+                   description="hinge margin of pairwise and mhl")
+
+
 class PairLoss(nn.Module):
+    """A loss: ``name`` (how a spec names it), ``declared_parameters`` (its hyper-parameters,
+    see :class:`Parameter`); ``hyperparameters`` (``LossSpec`` field -> constructor argument)
+    and ``searchable`` (the fields a sweep may search) are derived from the declarations.
+    (Not ``parameters``: that is ``nn.Module``'s own, its trained tensors.)"""
+
     name: ClassVar[str] = ""
-    hyperparameters: ClassVar[dict[str, str]] = {}  # LossSpec field -> constructor argument
-    searchable: ClassVar[tuple[str, ...]] = ()      # LossSpec fields a sweep may search
+    declared_parameters: ClassVar[tuple[Parameter, ...]] = ()
+    hyperparameters: ClassVar[dict[str, str]] = {}  # derived: LossSpec field -> constructor argument
+    searchable: ClassVar[tuple[str, ...]] = ()      # derived: LossSpec fields a sweep may search
     needs_hidden_size: ClassVar[bool] = False       # the constructor takes the encoder's hidden size
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "hyperparameters" in vars(cls) or "searchable" in vars(cls):
+            raise TypeError(f"{cls.__name__}: declare declared_parameters; hyperparameters and searchable are derived")
+        fields = [p.field for p in cls.declared_parameters]
+        if len(set(fields)) != len(fields):
+            raise TypeError(f"{cls.__name__} declares a parameter twice: {fields}")
+        cls.hyperparameters = {p.field: p.argument for p in cls.declared_parameters}
+        cls.searchable = tuple(p.field for p in cls.declared_parameters if p.searchable)
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,13 +155,16 @@ class PairLoss(nn.Module):
 
 
 class MarginPairLoss(PairLoss):
-    """A loss whose one hyper-parameter is a margin (hinge, centroid triplet, triplet margin)."""
-
-    default_margin: ClassVar[float] = 1.0
+    """A loss with a margin (hinge, centroid triplet, triplet margin): the declared parameter
+    whose constructor argument is ``margin``, its declared default when not given."""
 
     def __init__(self, margin: float | None = None) -> None:
         super().__init__()
-        self.margin = self.default_margin if margin is None else margin
+        self.margin = self.default_margin() if margin is None else margin
+
+    @classmethod
+    def default_margin(cls) -> float:
+        return next(p.default for p in cls.declared_parameters if p.argument == "margin")
 
     @property
     def config(self) -> dict[str, float | str]:

@@ -2,7 +2,14 @@ import math
 
 import torch
 
-from workloads.losses.base import ModelOutputs, PairLoss
+from workloads.losses.base import ModelOutputs, PairLoss, Parameter
+
+LAMBDA = Parameter(field="lambda_", alias="lambda", annotation=float, default=0.5, ge=0, le=1, searchable=True,
+                   description="contrastive weight (weighting: fixed)")
+DWA_PERIOD = Parameter(field="dwa_period", argument="period", annotation=int, default=100, ge=1,
+                       description="F of dynamic weighted aggregation, in steps")
+# The weightings, each with the parameters it reads.
+WEIGHTINGS: dict[str, tuple[Parameter, ...]] = {"fixed": (LAMBDA,), "equal": (), "dwa": (DWA_PERIOD,)}
 
 
 class RankingWithContrastive(PairLoss):
@@ -18,11 +25,12 @@ class RankingWithContrastive(PairLoss):
     """
 
     name = "combined"
+    declared_parameters = (LAMBDA, DWA_PERIOD)
 
     def __init__(self, ranking: PairLoss, contrastive: PairLoss, weighting: str = "fixed",
                  lambda_: float = 0.5, period: int = 100) -> None:
         super().__init__()
-        if weighting not in {"fixed", "equal", "dwa"}:
+        if weighting not in WEIGHTINGS:
             raise ValueError(f"unknown weighting '{weighting}'")
         self.ranking, self.contrastive = ranking, contrastive
         self.weighting, self.lambda_, self.period = weighting, lambda_, period

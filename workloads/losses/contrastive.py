@@ -5,6 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workloads.losses.base import Parameter
+
+# Declarations several contrastive losses share (one LossSpec field each).
+TAU = Parameter(field="tau", annotation=float, default=0.1, gt=0, searchable=True, description="temperature of scl and infonce")
+CONTRASTIVE_MARGIN = Parameter(field="contrastive_margin", argument="margin", annotation=float, default=0.5, gt=0,
+                               searchable=True, description="alpha of ctriplet, m of tml (on unit-norm Phi)")
+
 
 def normalized(phi: torch.Tensor) -> torch.Tensor:
     """L2-normalised Phi: every contrastive loss here works on the unit sphere, so that

@@ -1,9 +1,15 @@
+from typing import Literal
+
 import torch
 
-from workloads.losses.base import MarginPairLoss, ModelOutputs
-from workloads.losses.contrastive import normalized
+from workloads.losses.base import MarginPairLoss, ModelOutputs, Parameter
+from workloads.losses.contrastive import CONTRASTIVE_MARGIN, normalized
 
 CTRIPLET_CENTROIDS = ("leave_one_out", "inclusive")
+CENTROID = Parameter(
+    field="ctriplet_centroid", argument="centroid", annotation=Literal[CTRIPLET_CENTROIDS], default="leave_one_out",
+    keyed_default="inclusive",  # what ctriplet computed before leave_one_out existed
+    description="ctriplet: the own-class centroid without the pair itself (Wieczorek et al.) or with it")
 
 
 class RankingCTriplet(MarginPairLoss):
@@ -34,9 +40,7 @@ class RankingCTriplet(MarginPairLoss):
     """
 
     name = "ctriplet"
-    hyperparameters = {"contrastive_margin": "margin", "ctriplet_centroid": "centroid"}
-    searchable = ("contrastive_margin",)
-    default_margin = 0.5
+    declared_parameters = (CONTRASTIVE_MARGIN, CENTROID)
 
     def __init__(self, margin: float | None = None, centroid: str = "leave_one_out") -> None:
         super().__init__(margin)

@@ -1,7 +1,7 @@
 import torch
 
 from workloads.losses.base import ModelOutputs, PairLoss
-from workloads.losses.contrastive import log_softmax_without_self, normalized
+from workloads.losses.contrastive import TAU, log_softmax_without_self, normalized
 
 
 class RankingInfoNCE(PairLoss):
@@ -17,8 +17,7 @@ class RankingInfoNCE(PairLoss):
     """
 
     name = "infonce"
-    hyperparameters = {"tau": "temperature"}
-    searchable = ("tau",)
+    declared_parameters = (TAU.taken_as("temperature"),)
 
     def __init__(self, temperature: float = 0.1) -> None:
         super().__init__()

@@ -3,7 +3,7 @@
 A block is every pair of one ``triple_ids`` value (the row it was made from); its positive
 is its relevant pair. ``P`` is the softmax of the block's scores.
 
-- ``listwise``: softmax cross-entropy, -log P(d+) (METHODS section 2).
+- ``listwise``: softmax cross-entropy, -log P(d+).
 - ``sir``: SIR's per-level loss (Pu et al., eq. 1-2): -log P(o^0) - sum_{j>=1} log(1 - P(o^j)),
   which also pushes every negative down on its own (not plain listwise cross-entropy).
 
@@ -57,7 +57,7 @@ class _BlockLoss(PairLoss):
 
 
 class ListwiseSoftmax(_BlockLoss):
-    """Listwise softmax cross-entropy over each block: -log P(d+) (METHODS section 2)."""
+    """Listwise softmax cross-entropy over each block: -log P(d+)."""
 
     name = "listwise"
 

@@ -1,6 +1,6 @@
 import torch
 
-from workloads.losses.base import MarginPairLoss, ModelOutputs
+from workloads.losses.base import MARGIN, MarginPairLoss, ModelOutputs
 
 
 class MaxHinge(MarginPairLoss):
@@ -11,9 +11,7 @@ class MaxHinge(MarginPairLoss):
     """
 
     name = "mhl"
-    hyperparameters = {"margin": "margin"}
-    searchable = ("margin",)
-    default_margin = 1.0
+    declared_parameters = (MARGIN,)
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         s = outputs.scores

@@ -1,10 +1,17 @@
+from typing import Literal
+
 import torch
 from torch import nn
 
-from workloads.losses.base import ModelOutputs, PairLoss
+from workloads.losses.base import ModelOutputs, PairLoss, Parameter
 from workloads.losses.contrastive import log_softmax_without_self, normalized, squared_distances
 
 NCA_MAPS = ("learned", "identity")
+MAP = Parameter(field="nca_map", argument="map", annotation=Literal[NCA_MAPS], default="learned",
+                keyed_default="identity",  # NCA's map before it learned one by default
+                description="nca: a learned linear map A (identity-initialised) or A = I (then NCA = SCL at tau = s/2)")
+SCALE = Parameter(field="nca_scale", argument="scale", annotation=float, default=1.0, gt=0, searchable=True,
+                  description="nca: s in exp(-||A Phi_i - A Phi_j||^2 / s)")
 
 
 class RankingNCA(PairLoss):
@@ -36,8 +43,7 @@ class RankingNCA(PairLoss):
     """
 
     name = "nca"
-    hyperparameters = {"nca_map": "map", "nca_scale": "scale"}
-    searchable = ("nca_scale",)
+    declared_parameters = (MAP, SCALE)
     needs_hidden_size = True
 
     def __init__(self, hidden_size: int | None = None, map: str = "learned", scale: float = 1.0) -> None:

@@ -1,6 +1,6 @@
 import torch
 
-from workloads.losses.base import MarginPairLoss, ModelOutputs
+from workloads.losses.base import MARGIN, MarginPairLoss, ModelOutputs
 
 
 class PairwiseHinge(MarginPairLoss):
@@ -10,9 +10,7 @@ class PairwiseHinge(MarginPairLoss):
     """
 
     name = "pairwise"
-    hyperparameters = {"margin": "margin"}
-    searchable = ("margin",)
-    default_margin = 1.0
+    declared_parameters = (MARGIN,)
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         s = outputs.scores

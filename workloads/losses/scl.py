@@ -1,9 +1,14 @@
+from typing import Literal
+
 import torch
 
-from workloads.losses.base import ModelOutputs, PairLoss
-from workloads.losses.contrastive import log_softmax_without_self, normalized
+from workloads.losses.base import ModelOutputs, PairLoss, Parameter
+from workloads.losses.contrastive import TAU, log_softmax_without_self, normalized
 
 SCL_NORMALIZATIONS = ("per_anchor", "global")
+NORMALIZATION = Parameter(
+    field="scl_normalization", argument="normalization", annotation=Literal[SCL_NORMALIZATIONS], default="per_anchor",
+    description="scl: 1/|P(i)| per anchor, mean over anchors (the method's), or AUG eq. 17's one global 1/N+")
 
 
 class RankingSCL(PairLoss):
@@ -17,7 +22,7 @@ class RankingSCL(PairLoss):
     Two normalisations, which weigh anchors differently (so lambda and tau tuned under one
     do not transfer to the other):
 
-    - ``per_anchor`` (default; METHODS, SupCon's L^out): loss_i = (1/|P(i)|) sum_{j in P(i)} l_ij,
+    - ``per_anchor`` (default; SupCon's L^out): loss_i = (1/|P(i)|) sum_{j in P(i)} l_ij,
       averaged over the anchors with at least one positive;
     - ``global`` (AUG eq. 17 as printed): (1/N+) sum_i sum_{j in P(i)} l_ij, one global
       factor with N+ the number of relevant pairs in the batch (anchors without a positive
@@ -29,8 +34,7 @@ class RankingSCL(PairLoss):
     """
 
     name = "scl"
-    hyperparameters = {"tau": "tau", "scl_normalization": "normalization"}
-    searchable = ("tau",)
+    declared_parameters = (TAU, NORMALIZATION)
 
     def __init__(self, tau: float = 0.1, normalization: str = "per_anchor") -> None:
         super().__init__()

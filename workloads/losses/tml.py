@@ -1,10 +1,17 @@
+from typing import Literal
+
 import torch
 
-from workloads.losses.base import MarginPairLoss, ModelOutputs
-from workloads.losses.contrastive import distances, normalized
+from workloads.losses.base import MarginPairLoss, ModelOutputs, Parameter
+from workloads.losses.contrastive import CONTRASTIVE_MARGIN, distances, normalized
 
 TML_REDUCTIONS = ("all", "nonzero")
 TML_ANCHORS = ("positives", "all")
+REDUCTION = Parameter(field="tml_reduction", argument="reduction", annotation=Literal[TML_REDUCTIONS], default="all",
+                      description="tml: mean over all triplets, or over the non-zero ones (CFT's library)")
+ANCHORS = Parameter(field="tml_anchors", argument="anchors", annotation=Literal[TML_ANCHORS], default="positives",
+                    description="tml: relevant anchors, k+ of other queries, k- of the anchor's query (CFT eq. 3), "
+                                "or every label-defined triplet (CFT's library)")
 
 
 class TripletMargin(MarginPairLoss):
@@ -24,7 +31,7 @@ class TripletMargin(MarginPairLoss):
 
     Reductions:
 
-    - ``all`` (default, METHODS' plain mean): the mean over every triplet, satisfied ones
+    - ``all`` (default, the plain mean): the mean over every triplet, satisfied ones
       (zero terms) included, so the loss shrinks as triplets are learned;
     - ``nonzero``: the mean over the triplets with a positive term, as the library CFT used
       (pytorch-metric-learning's ``TripletMarginLoss`` with its ``AvgNonZeroReducer``; its
@@ -37,9 +44,7 @@ class TripletMargin(MarginPairLoss):
     """
 
     name = "tml"
-    hyperparameters = {"contrastive_margin": "margin", "tml_reduction": "reduction", "tml_anchors": "anchors"}
-    searchable = ("contrastive_margin",)
-    default_margin = 0.5
+    declared_parameters = (CONTRASTIVE_MARGIN, REDUCTION, ANCHORS)
 
     def __init__(self, margin: float | None = None, reduction: str = "all", anchors: str = "positives") -> None:
         super().__init__(margin)

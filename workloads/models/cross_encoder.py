@@ -1,7 +1,7 @@
 """A cross-encoder over any Hugging Face encoder: R(q, d) -> (score, Phi).
 
 Input ``[CLS] q [SEP] d [SEP]`` truncated to ``max_length`` with the document cut
-("FirstP", METHODS section 1). Phi is the final-layer first-token vector ([CLS], or ``<s>``
+("FirstP"). Phi is the final-layer first-token vector ([CLS], or ``<s>``
 for RoBERTa); the score is a linear head on Phi. ``pooling: mean`` takes the mean over the
 pair's tokens instead: "the model's equivalent" of [CLS] for checkpoints trained with mean
 pooling, such as sentence-transformers' all-MiniLM-L6-v2. Ranking losses act on the score,

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from workloads.collections import Collection
+from workloads.data.collections import Collection
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key

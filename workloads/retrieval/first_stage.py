@@ -4,7 +4,7 @@
 
 - ``bm25``: Pyserini BM25 over the corpus (:mod:`workloads.retrieval.bm25`; the default);
 - ``given``: the candidate lists a collection ships (answer selection, e.g. WikiQA), in
-  their given order (:attr:`workloads.collections.Collection.given`);
+  their given order (:attr:`workloads.data.collections.Collection.given`);
 - ``run``: any TREC run file (``first_stage.path``), e.g. the official top-100 runs AUG
   re-ranked; a query the file does not rank has no candidates (it counts 0 in evaluation,
   trec_eval ``-c``) and gives no training triple.
@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from workloads.collections import Collection
+from workloads.data.collections import Collection
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key

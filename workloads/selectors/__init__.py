@@ -1,4 +1,4 @@
-"""Supervised sentence selectors (AUG's ``linear`` and ``attention``; SELECTORS.md).
+"""Supervised sentence selectors (AUG's ``linear`` and ``attention``; docs/guide/augmentation.md).
 
 ``SELECTORS`` is the registry (method name -> module scoring every sentence of a document
 for a query). A selector is trained as its own trial kind with a cross-encoder ranker

@@ -4,7 +4,7 @@ A sentence is tokenized twice when the selector reads other tokens than the rank
 (GloVe words vs word pieces); with the ranker's own embeddings (the default) both are the
 same word pieces. The document is one sequence of its sentences' tokens (the attention
 selector runs one BiLSTM over it) with each token's sentence index, so token states can
-be cut back into sentences. Caps (SELECTORS.md): at most ``max_sentences`` sentences,
+be cut back into sentences. Caps (docs/guide/augmentation.md): at most ``max_sentences`` sentences,
 ``max_document_tokens`` document tokens (sentences past the budget are dropped, the last
 one cut) and ``max_query_tokens`` query tokens.
 """
@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from workloads.text.tokens import tokenize
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,6 @@ class SentenceTokenizer:
     def _selector_ids(self, texts: list[str], pieces: list[list[int]]) -> list[list[int]]:
         if self.glove_words is None:
             return pieces
-        from workloads.augmentation.text import tokenize
-
         return [[self.glove_words.get(w, 0) for w in tokenize(t)] or [0] for t in texts]
 
     def query(self, text: str) -> TokenizedText:

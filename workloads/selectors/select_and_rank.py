@@ -23,24 +23,23 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from workloads.models.cross_encoder import CrossEncoder
+from workloads.selectors import SELECTORS
 from workloads.selectors.features import SelectorBatch, SentenceTokenizer, TokenizedText, collate
+from workloads.selectors.spec import SelectorSpec
 from workloads.selectors.subset import relaxed_topk, topk_mask
+from workloads.text.glove import load_glove, resolve_glove_path
 
 SELECTOR_WEIGHTS = "selector.safetensors"
 SELECTOR_META = "selector.json"
 
 
 def _selector_class(method: str):
-    from workloads.selectors import SELECTORS
-
     if method not in SELECTORS:
         raise ValueError(f"unknown selector '{method}' (known: {', '.join(SELECTORS)})")
     return SELECTORS[method]
 
 
 def _glove_embedding(spec) -> tuple[nn.Embedding, dict[str, int]]:
-    from workloads.augmentation.scorers import load_glove, resolve_glove_path
-
     words, vectors = load_glove(resolve_glove_path(spec.glove_path))
     table = torch.cat([torch.zeros(1, vectors.shape[1]), torch.from_numpy(vectors)])  # row 0: unknown words
     return nn.Embedding.from_pretrained(table, freeze=not spec.glove_trainable), {w: i + 1 for w, i in words.items()}
@@ -66,8 +65,6 @@ class SelectAndRank(nn.Module):
 
     @classmethod
     def load(cls, directory: Path, max_length: int | None = None) -> SelectAndRank:
-        from workloads.spec import SelectorSpec
-
         meta = json.loads((Path(directory) / SELECTOR_META).read_text())
         ranker = CrossEncoder.from_pretrained(str(directory), max_length or meta["max_length"])
         model = cls(meta["method"], SelectorSpec.model_validate(meta["spec"]), ranker)

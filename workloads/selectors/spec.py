@@ -1,86 +1,56 @@
-"""The selector trial: its own typed spec, derived from the trial that augments with it.
-
-A selector's identity (:func:`selector_key`) is what changes the trained selector: its
-training set (collection, splits, first stage, size, seed), the method, its spec and the
-embeddings (the ranker model it shares them with). Test settings are left out: a selector
-tested elsewhere is the same selector. Trained selectors live in
-``<cache>/selectors/<key>/`` (:func:`selector_dir`), shared by every trial that needs one.
-"""
+"""A supervised selector's settings (``augmentation.selector`` of a trial): the selector and
+how it is trained. The selector trial kind that trains one is :mod:`workloads.selectors.kind`."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from workloads.paths import cache_dir, stable_key
-from workloads.spec import (
-    DataSpec,
-    FirstStageSpec,
-    ModelSpec,
-    OptimizationSpec,
-    ResourcesSpec,
-    SelectorSpec,
-    TrainingDataSpec,
-    TrialSpec,
-)
-
-SELECTOR_METHODS = ("linear", "attention")
-COMPLETE_MARKER = "selector_result.json"  # written last: a directory without it is not a trained selector
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class SelectorTrialSpec(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    method: Literal[SELECTOR_METHODS]  # type: ignore[valid-type]
-    seed: int = 13
-    data: DataSpec
-    first_stage: FirstStageSpec = FirstStageSpec()
-    training_data: TrainingDataSpec = TrainingDataSpec()
-    model: ModelSpec
-    selector: SelectorSpec = SelectorSpec()
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    resources: ResourcesSpec = ResourcesSpec()
 
-    def as_rerank_trial(self) -> TrialSpec:
-        """The plain re-ranking trial with the same data: its preparation is the selector's."""
-        return TrialSpec(name=self.name, seed=self.seed, data=self.data, first_stage=self.first_stage,
-                         training_data=self.training_data, model=self.model,
-                         optimization=OptimizationSpec(precision=self.precision, eval_batch_size=self.selector.eval_batch_size),
-                         resources=self.resources)
+class SelectorSpec(_Strict):
+    """A supervised sentence selector (AUG eq. 8-16) and how it is trained (select-and-rank,
+    Leonhardt et al.). Defaults are the reference implementation's; ``k`` must stay well
+    below a document's sentence count."""
 
+    k: int = Field(default=20, ge=1, description="sentences the selector picks for the ranker while it trains (relaxed top-k)")
+    tau: float = Field(default=1.0, gt=0, description="temperature of the relaxed top-k")
+    data: Literal["cell", "full"] = Field(
+        default="cell", description="cell: the same N pairs as the ranker (fair for sample-efficiency claims); full: every "
+                                    "training query (AUG's likely choice; leaks more labels into small cells)")
+    embeddings: Literal["model", "glove"] = Field(
+        default="model", description="model: the ranker's word-piece input embeddings, shared and trained; glove: a GloVe file")
+    glove_path: str | None = Field(default=None, description="GloVe text file for embeddings: glove")
+    glove_trainable: bool = False
+    dimension: int = Field(default=256, ge=1, description="linear: output of the affine map; attention: LSTM units per direction")
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+    loss: Literal["pointwise", "pairwise"] = Field(default="pointwise", description="pointwise BCE, or the pairwise hinge")
+    margin: float = Field(default=0.2, gt=0, description="pairwise hinge margin")
+    learning_rate: float = Field(default=3e-5, gt=0, lt=1)
+    selector_learning_rate: float | None = Field(
+        default=None, gt=0, lt=1, description="the selector's own parameters (trained from scratch; the shared embeddings "
+                                              "follow learning_rate); default: learning_rate, as the reference")
+    warmup_steps: int = Field(default=1_000, ge=0, description="linear warm-up, then constant")
+    batch_size: int = Field(default=16, ge=2, description="pairs per step (whole triples: even)")
+    epochs: int = Field(default=50, ge=1, description="at most; early stopping on validation")
+    patience: int = Field(default=3, ge=1, description="epochs without a better validation nDCG@10 before stopping")
+    max_sentences: int = Field(default=500, ge=1)
+    max_document_tokens: int = Field(default=5_000, ge=1)
+    max_query_tokens: int = Field(default=50, ge=1)
+    eval_batch_size: int = Field(default=32, ge=1)
 
-def selector_trial(spec: TrialSpec) -> SelectorTrialSpec:
-    """The selector a trial augmenting with ``linear`` or ``attention`` needs."""
-    method = spec.augmentation.method
-    if method not in SELECTOR_METHODS or spec.augmentation.selector is None:
-        raise ValueError(f"{spec.name}: augmentation '{method}' trains no selector")
-    selector = spec.augmentation.selector
-    size = spec.training_data.size if selector.data == "cell" else "full"
-    draft = SelectorTrialSpec(name="selector", method=method, seed=spec.seed, data=spec.data, first_stage=spec.first_stage,
-                              training_data=spec.training_data.model_copy(update={"size": size}), model=spec.model,
-                              selector=selector, precision=spec.optimization.precision, resources=spec.resources)
-    return draft.model_copy(update={"name": f"selector-{method}-{selector_key(draft)[:8]}"})
-
-
-def selector_key(spec: SelectorTrialSpec) -> str:
-    from workloads.augmentation import SPLITTER_VERSION
-
-    # first_stage.path left out while unset: it came after selectors were first keyed
-    first_stage = {"test_depth"} | ({"path"} if spec.first_stage.path is None else set())
-    training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
-    exclude = {"name": True, "resources": True, "data": {"test_collection", "test_split", "test_perturbation", "test_first_stage"},
-               "first_stage": first_stage, "training_data": training_data}
-    return stable_key(spec.model_dump_json(exclude=exclude), f"sentences-v{SPLITTER_VERSION}")
-
-
-def selector_dir(spec: SelectorTrialSpec) -> Path:
-    return cache_dir() / "selectors" / f"{spec.method}-{selector_key(spec)}"
-
-
-def trained_selector(spec: SelectorTrialSpec) -> Path | None:
-    """The trained selector's directory, or None when it is not (completely) trained."""
-    path = selector_dir(spec)
-    return path if (path / COMPLETE_MARKER).exists() else None
+    @model_validator(mode="after")
+    def _coherent(self) -> SelectorSpec:
+        if self.embeddings == "glove" and not self.glove_path:
+            raise ValueError("embeddings 'glove' needs glove_path (e.g. glove/glove.6B.50d.top100k.txt.gz)")
+        if self.embeddings != "glove" and (self.glove_path or self.glove_trainable):
+            raise ValueError("glove_path and glove_trainable need embeddings: glove")
+        if self.loss != "pairwise" and self.margin != 0.2:
+            raise ValueError("margin has no effect with loss 'pointwise'")
+        if self.batch_size % 2:
+            raise ValueError(f"batch_size holds whole (positive, negative) triples: must be even, got {self.batch_size}")
+        return self

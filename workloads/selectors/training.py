@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,21 +25,24 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-import torch.distributed as dist
 from transformers import get_constant_schedule_with_warmup
 
-from workloads.batches import triples_to_batch
-from workloads.evaluation import PRIMARY_METRIC, evaluate
+from workloads.augmentation import corpus_sentences
+from workloads.batching import triples_to_batch
+from workloads.data.collections import resolve_collection
+from workloads.evaluation import evaluate
 from workloads.logs import get_logger, progress_bar
-from workloads.losses import ModelOutputs, build_ranking_loss
+from workloads.losses import ModelOutputs, PairLoss, build_ranking_loss
 from workloads.models.cross_encoder import autocast_dtype
 from workloads.paths import atomic_path, cache_dir, stable_key
 from workloads.reranking import Reranking, merge_with_first_stage
 from workloads.retrieval.bm25 import read_trec_run
+from workloads.selectors.kind import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
 from workloads.selectors.select_and_rank import SelectAndRank
-from workloads.selectors.spec import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
-from workloads.training import Reporter, adamw, report_epoch
-from workloads.trial import PreparedTrial, choose_epoch, prepare_trial
+from workloads.text.sentences import SPLITTER_VERSION
+from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
+from workloads.training.step import adamw, checked_step
+from workloads.trial import PreparedTrial, prepare_trial
 
 STATE_FILE = "selector_state.pt"
 
@@ -67,8 +69,6 @@ class PreparedSelector:
 def _sentence_file(collection, paths: list[str]) -> str:
     """The candidate sentences of every document in these Parquet files (training set or
     candidates), cached: workers load these, not the whole corpus's."""
-    from workloads.augmentation import SPLITTER_VERSION, corpus_sentences
-
     path = cache_dir() / "selector-sentences" / f"{stable_key(*[Path(p).name for p in paths], SPLITTER_VERSION)}.parquet"
     if not path.exists():
         needed: set[str] = set()
@@ -86,8 +86,6 @@ def _sentence_file(collection, paths: list[str]) -> str:
 
 def prepare_selector(spec: SelectorTrialSpec) -> PreparedSelector:
     """The selector's data: the plain trial's (cached by content), plus the documents' sentences."""
-    from workloads.collections import resolve_collection
-
     trial = prepare_trial(spec.as_rerank_trial())
     training = trial.training
     files = [training.training_set, training.validation_candidates]
@@ -130,110 +128,126 @@ def parameter_groups(model: SelectAndRank, learning_rate: float, selector_learni
     return [{"params": ranker, "lr": learning_rate}, {"params": own, "lr": selector_learning_rate or learning_rate}]
 
 
-def _rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+class SelectorObjective(torch.nn.Module):
+    """The select-and-rank model and its ranking loss as one module (what data-parallel training
+    wraps): ``inputs`` is a batch of documents' sentences and the step's Gumbel generator."""
+
+    def __init__(self, model: SelectAndRank, loss_fn: PairLoss, amp_dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.model, self.loss_fn, self.amp_dtype = model, loss_fn, amp_dtype
+
+    def forward(self, inputs: tuple, structure) -> torch.Tensor:
+        batch, generator = inputs
+        device_type = next(self.model.parameters()).device.type
+        with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            scores, phi = self.model(batch, generator)
+        return self.loss_fn(ModelOutputs(scores.float(), phi.float()), structure)
 
 
 def train_selector(spec: SelectorTrialSpec, inputs: SelectorInputs, report: Reporter, device: torch.device | None = None,
                    resume_from: Path | None = None) -> None:
-    rank, world = _rank_and_world()
-    say = get_logger("selector").info if rank == 0 else (lambda message: None)
-    device = device or torch.device("cpu")
-    sel = spec.selector
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    if resume_from is not None:
-        model = SelectAndRank.load(resume_from, spec.model.max_length)
-    else:
-        model = SelectAndRank.build(spec.method, sel, spec.model.name, spec.model.max_length, spec.model.pooling)
-    model.to(device)
-    wrapped: torch.nn.Module = model
-    if world > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                            find_unused_parameters=True)
-    loss_fn = build_ranking_loss(sel.loss, **({"margin": sel.margin} if sel.loss == "pairwise" else {}))
-    amp_dtype = autocast_dtype(device, spec.precision)
-    optimizer = adamw(parameter_groups(model, sel.learning_rate, sel.selector_learning_rate))
-    scheduler = get_constant_schedule_with_warmup(optimizer, sel.warmup_steps)
-    first_epoch, best, stale = 1, float("-inf"), 0
-    if resume_from is not None and (Path(resume_from) / STATE_FILE).exists():
-        state = torch.load(Path(resume_from) / STATE_FILE, map_location=device, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        first_epoch, best, stale = state["epoch"] + 1, state["best"], state["stale"]
-        say(f"resumed from {resume_from} after epoch {state['epoch']}")
-        if stale >= sel.patience:
-            return  # it had stopped early: nothing left to train
+    """Train a selector with the ranker it feeds and report every epoch, in the one epoch loop
+    (:func:`workloads.training.loop.run_epochs`); ``resume_from`` is the last reported checkpoint."""
+    hooks = SelectorEpochs(spec, inputs, device or torch.device("cpu"), resume_from)
+    if hooks.stopping.exhausted:
+        return  # it had stopped early: nothing left to train
+    run_epochs(hooks, range(hooks.first_epoch, spec.selector.epochs + 1), spec.selector.epochs, hooks.stopping, report,
+               hooks.rank, hooks.world)
 
-    triples = pq.read_table(inputs.training_set).to_pylist()
-    sentences = load_sentences(inputs.sentences)
-    per_batch = sel.batch_size // 2
-    steps = (len(triples) // per_batch) // world
-    if steps == 0:
-        raise ValueError(f"{len(triples)} triples make no full batch of {per_batch} triples per worker x {world} workers")
-    validation_run = read_trec_run(Path(inputs.validation_first_stage_run))
-    say(f"{spec.method} selector: {len(triples)} triples, {steps} steps/epoch, at most {sel.epochs} epochs "
-        f"(patience {sel.patience}), k = {sel.k}, tau = {sel.tau}, on {device}")
-    for epoch in range(first_epoch, sel.epochs + 1):
-        wrapped.train()
-        order = list(range(len(triples)))
-        random.Random(spec.seed * 1_000 + epoch).shuffle(order)
-        mine = [order[b * per_batch:(b + 1) * per_batch] for b in range(rank, steps * world, world)]
+
+class SelectorEpochs:
+    """The selector kind's :class:`~workloads.training.loop.EpochHooks`."""
+
+    label = "selector"
+    state_file = STATE_FILE
+
+    def __init__(self, spec: SelectorTrialSpec, inputs: SelectorInputs, device: torch.device, resume_from: Path | None):
+        self.rank, self.world = rank_and_world()
+        self.spec, self.inputs, self.device = spec, inputs, device
+        sel = self.sel = spec.selector
+        seed_everything(spec.seed)
+        if resume_from is not None:
+            model = SelectAndRank.load(resume_from, spec.model.max_length)
+        else:
+            model = SelectAndRank.build(spec.method, sel, spec.model.name, spec.model.max_length, spec.model.pooling)
+        self.model = model.to(device)
+        loss_fn = build_ranking_loss(sel.loss, **({"margin": sel.margin} if sel.loss == "pairwise" else {}))
+        self.objective = SelectorObjective(self.model, loss_fn, autocast_dtype(device, spec.precision))
+        self.wrapped: torch.nn.Module = self.objective
+        if self.world > 1:
+            self.wrapped = torch.nn.parallel.DistributedDataParallel(
+                self.objective, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+        self.optimizer = adamw(parameter_groups(self.model, sel.learning_rate, sel.selector_learning_rate))
+        self.scheduler = get_constant_schedule_with_warmup(self.optimizer, sel.warmup_steps)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.objective.amp_dtype == torch.float16)
+        self.first_epoch, state = 1, None
+        if resume_from is not None and (Path(resume_from) / STATE_FILE).exists():
+            state = torch.load(Path(resume_from) / STATE_FILE, map_location=device, weights_only=False)
+            if "optimizer" in state:  # absent after the last epoch: nothing left to train
+                self.optimizer.load_state_dict(state["optimizer"])
+                self.scheduler.load_state_dict(state["scheduler"])
+            self.first_epoch = state["epoch"] + 1
+            self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
+        self.stopping = EarlyStopping.restored(sel.patience, state)
+        self.triples = pq.read_table(inputs.training_set).to_pylist()
+        self.sentences = load_sentences(inputs.sentences)
+        self.per_batch = sel.batch_size // 2
+        self.steps = (len(self.triples) // self.per_batch) // self.world
+        if self.steps == 0:
+            raise ValueError(f"{len(self.triples)} triples make no full batch of {self.per_batch} triples per worker x "
+                             f"{self.world} workers")
+        self.validation_run = read_trec_run(Path(inputs.validation_first_stage_run))
+        self.say(f"{spec.method} selector: {len(self.triples)} triples, {self.steps} steps/epoch, at most {sel.epochs} "
+                 f"epochs (patience {sel.patience}), k = {sel.k}, tau = {sel.tau}, on {device}")
+
+    def say(self, message: str) -> None:
+        if self.rank == 0:
+            get_logger("selector").info(message)
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.wrapped.train()
+        order = list(range(len(self.triples)))
+        random.Random(self.spec.seed * 1_000 + epoch).shuffle(order)
+        per_batch = self.per_batch
+        mine = [order[b * per_batch:(b + 1) * per_batch] for b in range(self.rank, self.steps * self.world, self.world)]
         started, total = time.perf_counter(), 0.0
         for step, rows_index in enumerate(mine, 1):
-            rows = [triples[i] for i in rows_index]
-            structure = triples_to_batch(rows).structure.to(device)  # pairs: (q, d+), (q, d-) per triple
+            rows = [self.triples[i] for i in rows_index]
+            structure = triples_to_batch(rows).structure.to(self.device)  # pairs: (q, d+), (q, d-) per triple
             doc_ids = [d for r in rows for d in (r["positive_id"], r["negative_id"])]
-            batch = model.batch([r["query"] for r in rows for _ in (0, 1)], [sentences[d] for d in doc_ids], doc_ids).to(device)
+            batch = self.model.batch([r["query"] for r in rows for _ in (0, 1)], [self.sentences[d] for d in doc_ids],
+                                     doc_ids).to(self.device)
             # Arithmetic, not workloads.seeds: with hashed seeds the linear selector did not learn the
             # constructed task of its test in 5 epochs (0.0 -> 0.0); these collide only past 10,007 steps.
-            generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + epoch * 10_007 + step)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                scores, phi = wrapped(batch, generator)
-            loss = loss_fn(ModelOutputs(scores.float(), phi.float()), structure)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            total += float(loss.detach())
+            generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch * 10_007 + step)
+            advice = (f"a selector step of {len(doc_ids)} documents of up to {self.sel.max_sentences} sentences does not "
+                      f"fit on {self.device}: lower augmentation.selector.batch_size or max_sentences")
+            total += float(checked_step(advice, self.wrapped, self.objective, self.optimizer, self.scheduler, self.scaler,
+                                        [((batch, generator), structure)], 1.0))
             if step % max(1, len(mine) // 5) == 0 or step == len(mine):
-                say(f"selector epoch {epoch} {progress_bar(step, len(mine))} step {step}/{len(mine)} loss {total / step:.4f}")
-        metrics: dict[str, float] = {"epoch": epoch, "train_loss": total / len(mine),
-                                     "epoch_train_seconds": time.perf_counter() - started}
-        checkpoint = None
-        stop = torch.zeros(1)
-        if rank == 0:
-            validated = time.perf_counter()
-            validation = rerank_with_selector(model, Path(inputs.validation_candidates), validation_run,
-                                              inputs.validation_qrels, inputs.relevance_level, sentences,
-                                              sel.eval_batch_size, f"validate selector epoch {epoch}")
-            metrics.update({f"val_{k}": v for k, v in validation.evaluation.aggregate.items()})
-            metrics["epoch_validation_seconds"] = time.perf_counter() - validated
-            value = metrics[f"val_{PRIMARY_METRIC}"]
-            best, stale = (value, 0) if value > best else (best, stale + 1)
-            checkpoint = Path(tempfile.mkdtemp(prefix=f"selector-epoch-{epoch}-"))
-            model.save(checkpoint)
-            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "epoch": epoch,
-                        "best": best, "stale": stale}, checkpoint / STATE_FILE)
-            say(f"selector epoch {epoch}: validation {PRIMARY_METRIC} {value:.4f} (best {best:.4f}, "
-                f"{stale} epoch(s) without improvement)")
-            stop[0] = float(stale >= sel.patience)
-        if world > 1:
-            dist.broadcast(stop, 0)
-        report_epoch(report, metrics, checkpoint)
-        if stop[0]:
-            say(f"early stop after epoch {epoch}: no better validation {PRIMARY_METRIC} in {sel.patience} epochs")
-            break
+                self.say(f"selector epoch {epoch} {progress_bar(step, len(mine))} step {step}/{len(mine)} "
+                         f"loss {total / step:.4f}")
+        return {"epoch": epoch, "train_loss": total / len(mine), "epoch_train_seconds": time.perf_counter() - started}
+
+    def validate(self, epoch: int) -> dict[str, float]:
+        validation = rerank_with_selector(self.model, Path(self.inputs.validation_candidates), self.validation_run,
+                                          self.inputs.validation_qrels, self.inputs.relevance_level, self.sentences,
+                                          self.sel.eval_batch_size, f"validate selector epoch {epoch}")
+        return {f"val_{k}": v for k, v in validation.evaluation.aggregate.items()}
+
+    def save(self, checkpoint: Path, resumable: bool) -> dict:
+        self.model.save(checkpoint)
+        if not resumable:
+            return {}
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        return f" (best {self.stopping.best:.4f}, {self.stopping.stale} epoch(s) without improvement)"
 
 
 def evaluate_selector_checkpoint(checkpoint: Path, prepared: PreparedSelector, spec: SelectorTrialSpec,
                                  device: torch.device | None = None) -> Reranking:
     """The select-and-rank model of ``checkpoint`` on the test candidates: its held-out ranking quality."""
-    from workloads.collections import resolve_collection
-
     trial = prepared.trial
     model = SelectAndRank.load(checkpoint, spec.model.max_length).to(device or torch.device("cpu"))
     collection = resolve_collection(spec.data.test_collection or spec.data.collection)
@@ -247,32 +261,12 @@ def install_selector(spec: SelectorTrialSpec, checkpoint: Path, summary: dict) -
     """Copy the chosen checkpoint to the selector cache (atomically; the result file last)."""
     final = selector_dir(spec)
     with atomic_path(final) as tmp:
-        shutil.copytree(checkpoint, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
+        shutil.copytree(checkpoint, tmp, ignore=shutil.ignore_patterns(STATE_FILE, PROGRESS_FILE))
         (tmp / COMPLETE_MARKER).write_text(json.dumps({"key": selector_key(spec), "spec": spec.model_dump(mode="json"),
                                                         **summary}, indent=1, sort_keys=True))
     get_logger("selector").info(f"selector {spec.name} -> {final}")
     return final
 
 
-def train_selector_in_process(spec: SelectorTrialSpec, checkpoint_root: Path) -> tuple[Path, list[dict], Reranking]:
-    """Prepare, train, choose, test and install a selector without Ray (tests, debugging)."""
-    prepared = prepare_selector(spec)
-    records: list[tuple[dict, Path]] = []
-
-    def keep(metrics: dict[str, float], checkpoint: Path | None) -> None:
-        final = checkpoint_root / f"epoch-{int(metrics['epoch'])}"
-        final.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(checkpoint), final)
-        records.append((dict(metrics), final))
-
-    train_selector(spec, prepared.inputs, keep)
-    metrics, checkpoint = records[choose_epoch([m for m, _ in records])]
-    tested = evaluate_selector_checkpoint(checkpoint, prepared, spec)
-    path = install_selector(spec, checkpoint, {"best_epoch": metrics["epoch"], **{f"best_{k}": v for k, v in metrics.items()
-                                                                                   if k.startswith("val_")},
-                                               **{f"test_{k}": v for k, v in tested.evaluation.aggregate.items()}})
-    return path, [m for m, _ in records], tested
-
-
 __all__ = ["SelectorInputs", "PreparedSelector", "prepare_selector", "train_selector", "evaluate_selector_checkpoint",
-           "install_selector", "train_selector_in_process"]
+           "install_selector"]

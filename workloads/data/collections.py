@@ -356,7 +356,7 @@ def _read_wikiqa_split(path: Path, split: str) -> tuple[list[tuple[str, str, str
 
 
 def load_wikiqa_directory(path: Path, name: str | None = None) -> Collection:
-    """WikiQA (Yang, Yih, Meek, EMNLP 2015) from its official files (``../shared/data/wikiqa``).
+    """WikiQA (Yang, Yih, Meek, EMNLP 2015) from its official files (``$ORCHESTRATE_DATA_DIR/wikiqa``).
 
     Splits ``train``, ``dev``, ``test``: ``dev`` and ``test`` are the standard filtered sets
     (``WikiQA-*-filtered.ref``: questions with at least one correct and one incorrect

@@ -1,4 +1,4 @@
-"""Paired per-query significance tests and multiple-comparison corrections (METHODS section 7).
+"""Paired per-query significance tests and multiple-comparison corrections.
 
 Systems are compared on the same queries: a paired test on the per-query values of one
 measure. The tests are scipy's; a result is marked significant at 95% (p < 0.05) and at

@@ -1,4 +1,4 @@
-"""Training sets of fixed size from first-stage candidates (METHODS section 4; AUG 4.3, 6.3).
+"""Training sets of fixed size from first-stage candidates (AUG 4.3, 6.3).
 
 For every training query, every judged-relevant document found in the first-stage top-k is
 paired with one non-relevant document drawn uniformly from the same query's retrieved,
@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from workloads.collections import Collection, Qrels
+from workloads.data.collections import Collection, Qrels
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import re
 
+# Part of every key computed from sentences: a new splitter makes new data.
+# 2: the title is a candidate sentence of its own (1 split the text only)
+SPLITTER_VERSION = 2
+
 _ABBREVIATIONS = {
     "e.g", "i.e", "et al", "al", "fig", "figs", "vs", "cf", "etc", "approx", "dr", "mr", "mrs", "ms", "prof",
     "no", "vol", "eq", "eqs", "ref", "refs", "st", "jr", "sr", "inc", "ltd", "co", "ca", "resp", "sp", "spp",

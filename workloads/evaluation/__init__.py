@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import ir_measures
 
-from workloads.collections import Qrels
+from workloads.data.collections import Qrels
 
 Run = dict[str, dict[str, float]]
 

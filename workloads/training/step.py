@@ -1,0 +1,115 @@
+"""One optimizer step, the same for every trial kind: AdamW (fused where the device has the
+kernel), gradient accumulation and GradCache micro-batches, clipping, the schedule, and one
+rule for a step that does not fit in memory."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from workloads.batching import PairStructure
+from workloads.training.loop import rank_and_world
+from workloads.training.objective import MicroBatchedPairs, TrainingObjective
+
+
+class StepOutOfMemoryError(MemoryError):
+    """A training step that does not fit, with the settings that make it smaller (a sweep
+    records it as ``failure=oom`` and does not retry it)."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """The one rule for an allocation that failed (CUDA's error; the CPU allocator's message)."""
+    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+
+
+
+_FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def adamw(groups: list[dict], **options) -> torch.optim.AdamW:
+    """AdamW, fused (one kernel per step) where every parameter lives on a device that has
+    the fused kernel: a step over MiniLM's 22.6M parameters takes 21 ms fused against 100 ms
+    multi-tensor on 2 CPU cores (``benchmarks/fused_adamw.py``), a tenth of a short-pair
+    training step. The same update (``test_fused_adamw_is_the_same_update``), and what
+    transformers' Trainer, so sentence-transformers, uses by default with torch >= 2.8."""
+    params = [p for group in groups for p in group["params"]]
+    fused = bool(params) and all(p.device.type in _FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, fused=fused or None, **options)
+
+
+
+def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
+                      scheduler, scaler: torch.amp.GradScaler, inputs: dict[str, torch.Tensor], structure: PairStructure,
+                      max_grad_norm: float, micro_batch_size: int | None = None) -> torch.Tensor:
+    """One step on one batch (:func:`accumulated_step` with a single micro-step)."""
+    return accumulated_step(wrapped, objective, optimizer, scheduler, scaler, [(inputs, structure)], max_grad_norm,
+                            micro_batch_size)
+
+
+def accumulated_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
+                     scheduler, scaler: torch.amp.GradScaler, micro_steps: list[tuple[dict[str, torch.Tensor], PairStructure]],
+                     max_grad_norm: float, micro_batch_size: int | None = None,
+                     before_each: Callable[[int], None] | None = None, parts: dict[str, float] | None = None) -> torch.Tensor:
+    """One optimizer step over ``micro_steps`` batches (gradient accumulation): each batch's loss,
+    divided by their number, through ``wrapped`` (the objective, or its DDP wrapper), backward;
+    then clip every trainable parameter's gradient (the loss's own too), step, schedule.
+    Returns the mean of the batches' losses. Where each loss is a mean over its batch, k
+    accumulated batches of b pairs make the update of one batch of k * b pairs.
+
+    Under DDP the gradients are averaged across workers once per step: every micro-step but the
+    last runs in ``no_sync``. With ``micro_batch_size`` the encoder runs in micro-batches
+    (:class:`MicroBatchedPairs`) outside DDP's forward, so the gradients are averaged across
+    workers here, after the last batch. ``before_each(i)`` runs before batch i (per-batch seeding);
+    ``parts`` accumulates the step's mean of each named part of the loss (``loss_fn.last_parts``)."""
+    optimizer.zero_grad(set_to_none=True)
+    count = len(micro_steps)
+    total = torch.zeros(())
+    _, world = rank_and_world()
+    for index, (inputs, structure) in enumerate(micro_steps):
+        if before_each is not None:
+            before_each(index)
+        if micro_batch_size is None:
+            last = index == count - 1
+            sync = contextlib.nullcontext() if last or not hasattr(wrapped, "no_sync") else wrapped.no_sync()
+            with sync:
+                loss = wrapped(inputs, structure)
+                scaler.scale(loss / count).backward()
+        else:
+            replay = objective.replay = MicroBatchedPairs(objective, micro_batch_size)
+            try:
+                loss = objective(inputs, structure)
+                scaler.scale(loss / count).backward()
+                replay.backward()
+            finally:
+                objective.replay = None
+        total = total + loss.detach().cpu() / count
+        if parts is not None:
+            for name, value in objective.loss_fn.last_parts.items():
+                parts[name] = parts.get(name, 0.0) + value / count
+    if micro_batch_size is not None and world > 1:
+        for parameter in objective.parameters():
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= world
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(objective.parameters(), max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    return total
+
+
+
+def checked_step(advice: str, *args, **kwargs) -> torch.Tensor:
+    """:func:`accumulated_step`, with a step that does not fit raised as :class:`StepOutOfMemoryError`
+    carrying ``advice`` (what makes the kind's step smaller)."""
+    try:
+        return accumulated_step(*args, **kwargs)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise StepOutOfMemoryError(advice) from exc
