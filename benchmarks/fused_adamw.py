@@ -8,7 +8,7 @@ one untimed warm-up run, the medians compared. transformers' Trainer (so
 sentence-transformers' ``CrossEncoderTrainer``) fuses AdamW by default with torch >= 2.8;
 our loop did not until this comparison.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/fused_adamw.py \\
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/fused_adamw.py \\
         [--configurations wikiqa:128,scifact:128] [--train-pairs 320] [--repeats 3] [--threads 2]
 """
 

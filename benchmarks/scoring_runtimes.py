@@ -18,7 +18,7 @@ each first), with the largest absolute score difference from ``torch``. Runtimes
 not installed are left out (``pip install -e '.[runtimes]'``; never runtime dependencies).
 Prints a table and writes JSON.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/scoring_runtimes.py \
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/scoring_runtimes.py \
         [--score-pairs 512] [--batch 64] [--threads 2] [--repeats 3] [--out benchmarks/results/scoring_runtimes.json]
 """
 

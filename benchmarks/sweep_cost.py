@@ -13,7 +13,7 @@ cluster is billed for, one worker per trial), the sweep's wall time, trials comp
 pruned, and each cell's best validation nDCG@10; then the ratio of compute and the change of
 each cell's best. Prints a table and writes JSON.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/sweep_cost.py [--trials 5] [--epochs 3] [--size 100] [--workdir DIR]
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/sweep_cost.py [--trials 5] [--epochs 3] [--size 100] [--workdir DIR]
 """
 
 from __future__ import annotations

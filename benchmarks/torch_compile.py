@@ -9,7 +9,7 @@ and the real scorer (``score_pairs``: the first batch, which compiles, timed apa
 rest). Also each variant's validation nDCG@10 after the last epoch (it must not move) and the
 trial's wall time. Prints a table and writes JSON.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/torch_compile.py \
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/torch_compile.py \
         [--train-pairs 160] [--score-pairs 512] [--threads 2] [--out benchmarks/results/torch_compile.json]
 """
 

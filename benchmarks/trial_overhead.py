@@ -10,7 +10,7 @@ controller and worker group, until the loop's first line), set-up (training set,
 tokenized pairs, optimizer), checkpoint writing, and the rest (persistence, reporting,
 shut-down). Prints a table and writes JSON.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/trial_overhead.py [--size 100] [--out benchmarks/results/trial_overhead.json]
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/trial_overhead.py [--size 100] [--out benchmarks/results/trial_overhead.json]
 """
 
 from __future__ import annotations

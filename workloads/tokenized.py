@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import weakref
 from collections.abc import Sequence
 
@@ -66,11 +67,31 @@ def pairs_digest(queries: Sequence[str], documents: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
+_WORD = re.compile(r"\S+")
+
+
+def cut_document(text: str, max_length: int) -> str:
+    """The part of a document a pair of ``max_length`` tokens can use, cut before tokenizing: the
+    tokenizer's memory grows with the whole text (MS MARCO documents run to tens of thousands of
+    tokens) though truncation keeps at most ``max_length``. The cut falls on whitespace after
+    2 * max_length + 16 words, and every word gives at least one token, so the tokens a pair
+    keeps are those of the whole document (tested). Texts of fewer words stay whole. Written
+    here because tokenizers truncate only after tokenizing the whole text."""
+    limit = 2 * max_length + 16
+    if len(text) <= limit:  # fewer characters than words the cut keeps: nothing to cut
+        return text
+    for index, word in enumerate(_WORD.finditer(text)):
+        if index == limit:
+            return text[:word.start()].rstrip()
+    return text
+
+
 def tokenize_pairs(tokenizer: PreTrainedTokenizerBase, queries: Sequence[str], documents: Sequence[str],
                    max_length: int) -> dict[str, list[list[int]]]:
     """Token ids (and attention masks) of each pair, unpadded: the one tokenizer call of both
-    paths (the document is truncated first, see ``CrossEncoder.encode``)."""
-    encoded = tokenizer(list(queries), list(documents), truncation="longest_first", max_length=max_length)
+    paths (the document is cut, :func:`cut_document`, then truncated first, see ``CrossEncoder.encode``)."""
+    documents = [cut_document(document, max_length) for document in documents]
+    encoded = tokenizer(list(queries), documents, truncation="longest_first", max_length=max_length)
     return {key: encoded[key] for key in (*STORED_COLUMNS, "attention_mask") if key in encoded}
 
 
@@ -128,4 +149,4 @@ def pad_features(tokenizer: PreTrainedTokenizerBase, features: list[dict[str, li
     return dict(tokenizer.pad(features, padding="longest", return_tensors="pt"))
 
 
-__all__ = ["TokenizedPairs", "tokenized_pairs", "tokenize_pairs", "tokenizer_fingerprint", "pad_features", "pairs_digest"]
+__all__ = ["TokenizedPairs", "tokenized_pairs", "tokenize_pairs", "cut_document", "tokenizer_fingerprint", "pad_features", "pairs_digest"]

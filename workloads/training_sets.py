@@ -21,6 +21,7 @@ from workloads.data.collections import Collection, Qrels
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
+from workloads.seeds import derived_seed
 
 Run = dict[str, dict[str, float]]
 
@@ -56,6 +57,15 @@ def carve_validation_queries(query_ids: list[str], count: int, source: str) -> t
         raise InputError(source, f"cannot carve {count} validation queries from {len(ordered)} training queries")
     validation = set(random.Random(VALIDATION_CARVE_SEED).sample(ordered, count))
     return [q for q in ordered if q not in validation], sorted(validation)
+
+
+def capped_validation_queries(query_ids: list[str], cap: int | None) -> list[str]:
+    """At most ``cap`` of a validation split's queries, drawn by a seed of the cap alone: the same
+    queries for every trial that caps that split at that size (whatever its own seed), in id order."""
+    ordered = sorted(query_ids)
+    if cap is None or cap >= len(ordered):
+        return ordered
+    return sorted(random.Random(derived_seed("validation-cap", cap)).sample(ordered, cap))
 
 
 def ranked(docs: dict[str, float]) -> list[str]:

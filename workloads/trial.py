@@ -28,7 +28,7 @@ from workloads.retrieval.first_stage import first_stage_run
 from workloads.selectors.kind import selector_dir, selector_trial, trained_selector
 from workloads.spec import FirstStageSpec, TrialSpec
 from workloads.training import SELECTION_METRIC, WEIGHT_METRIC, TrainingInputs
-from workloads.training_sets import build_candidates, build_training_set, carve_validation_queries
+from workloads.training_sets import build_candidates, build_training_set, capped_validation_queries, carve_validation_queries
 
 BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
 
@@ -86,8 +86,12 @@ def _training_queries(spec: TrialSpec, collection: Collection):
     split's, or queries carved from the training split."""
     train_queries = collection.split_queries(spec.data.train_split)
     if spec.data.validation_split:
-        return (train_queries, list(train_queries), collection.split_queries(spec.data.validation_split),
-                collection.split_qrels(spec.data.validation_split))
+        queries = collection.split_queries(spec.data.validation_split)
+        qrels = collection.split_qrels(spec.data.validation_split)
+        if spec.data.validation_cap is not None:
+            kept = capped_validation_queries(list(queries), spec.data.validation_cap)
+            queries, qrels = {q: queries[q] for q in kept}, {q: qrels[q] for q in kept}
+        return train_queries, list(train_queries), queries, qrels
     train_ids, validation_ids = carve_validation_queries(
         list(train_queries), spec.data.validation_queries, f"{collection.name} {spec.data.train_split}")
     train_qrels = collection.split_qrels(spec.data.train_split)

@@ -126,7 +126,7 @@ def measures(metrics: dict[str, float], prefix: str) -> dict[str, float]:
 
 
 def loss_label(loss: LossSpec) -> str:
-    """The loss axis: ranking[+contrastive][(weighting)][fixed readings], never a searched value."""
+    """The loss axis: ``ranking[+contrastive][(weighting)][fixed readings]``, never a searched value."""
     from workloads.losses import searchable_parameters
 
     label = loss.ranking if loss.contrastive == "none" else f"{loss.ranking}+{loss.contrastive}"
@@ -210,7 +210,7 @@ def trial_key(spec: TrialSpec) -> str:
 
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path``,
-    ``data.test_perturbation`` and ``test_first_stage``, ``robustness``, ``training_data.negatives``,
+    ``data.test_perturbation``, ``test_first_stage`` and ``validation_cap``, ``robustness``, ``training_data.negatives``,
     ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
     ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
     ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
@@ -228,7 +228,8 @@ def trial_key(spec: TrialSpec) -> str:
     exclude: dict = {"name": True, "resources": True}
     if spec.first_stage.path is None:
         exclude["first_stage"] = {"path"}  # added with the run-file first stage
-    exclude["data"] = {f for f in ("test_perturbation", "test_first_stage") if getattr(spec.data, f) is None}  # added later
+    exclude["data"] = {f for f in ("test_perturbation", "test_first_stage", "validation_cap")
+                       if getattr(spec.data, f) is None}  # added later
     if not spec.robustness:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:

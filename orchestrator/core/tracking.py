@@ -246,3 +246,11 @@ class Tracker:
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
         return dict(self.client.get_run(run_id).data.metrics)
+
+
+def mark_pruned(tracker: Tracker, run_id: str, epoch: int, wall: float | None = None) -> None:
+    """A pruned trial's run: KILLED (MLflow's "stopped"), tagged with the epoch it stopped after."""
+    tracker.set_tags(run_id, {schema.PRUNED_TAG: str(epoch)})
+    if wall is not None:
+        tracker.log_metrics(run_id, {schema.TIME_TRIAL: wall})
+    tracker.finish(run_id, "KILLED")

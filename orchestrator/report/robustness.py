@@ -90,6 +90,46 @@ def perturbed_vs_clean(reader: RunReader, runs, perturbations: list[str], metric
     return out
 
 
+def _system_row(reader: RunReader, runs, label: str, perturbations: list[str], metrics, test: str):
+    """One system's entries (clean, then each perturbation, per measure) and its per-query values by column."""
+    clean = _per_query(reader, runs, schema.TEST, label) if runs is not None else None
+    measured = ({(m.perturbation, m.metric): m for m in perturbed_vs_clean(reader, runs, perturbations, metrics, test, label)}
+                if clean else {})
+    entries, mine = [], {}
+    for name in [CLEAN, *perturbations]:
+        per_query = clean if name == CLEAN else (_per_query(reader, runs, schema.perturbed_target(name), label) if clean else None)
+        for metric in metrics:
+            column = f"{name} {DISPLAY_NAMES[metric]}"
+            if per_query is None:
+                entries.append(Entry(None, "missing"))
+                continue
+            mine[column] = per_query[metric]
+            value = sum(per_query[metric].values()) / len(per_query[metric])
+            if name == CLEAN:
+                entries.append(Entry(value))
+            else:
+                m = measured[(name, metric)]
+                entries.append(Entry(value, relative=relative_change(m.perturbed, m.clean_on_same_queries),
+                                     p_value=m.p_value, level=significance_level(m.p_value)))
+    return entries, mine
+
+
+def _against_the_first_row(labels: list[str], values: dict, columns: list[str], test: str) -> list[str]:
+    """A note per system after the first: its paired difference and p-value on every column."""
+    notes = []
+    for label in labels[1:]:
+        parts = []
+        for column in columns:
+            a, b = values[label].get(column), values[labels[0]].get(column)
+            if a is None or b is None:
+                continue
+            comparison = paired_test(a, b, test)
+            parts.append(f"{column} {comparison.difference:+.4f} (p = {comparison.p_value:.3g})")
+        if parts:
+            notes.append(f"{label} vs {labels[0]}: " + "; ".join(parts) + ".")
+    return notes
+
+
 def robustness_table(reader: RunReader, systems: list[tuple[str, object]], perturbations: list[str], title: str,
                      test: str = "t", metrics=ROBUSTNESS_METRICS) -> Table:
     """Rows: systems (label, its MLflow run or the runs of its seeds); columns: clean and each
@@ -108,44 +148,14 @@ def robustness_table(reader: RunReader, systems: list[tuple[str, object]], pertu
         if label in values:
             raise InputError(title, f"two rows are labelled '{label}': a row is one system (its seeds are averaged)")
         seeds[label] = len(runs) if isinstance(runs, (list, tuple)) else 1
-        clean = _per_query(reader, runs, schema.TEST, label) if runs is not None else None
-        measured = ({(m.perturbation, m.metric): m for m in perturbed_vs_clean(reader, runs, perturbations, metrics, test, label)}
-                    if clean else {})
-        entries, mine = [], {}
-        for name in sets:
-            per_query = clean if name == CLEAN else (_per_query(reader, runs, schema.perturbed_target(name), label) if clean else None)
-            for metric in metrics:
-                column = f"{name} {DISPLAY_NAMES[metric]}"
-                if per_query is None:
-                    entries.append(Entry(None, "missing"))
-                    continue
-                mine[column] = per_query[metric]
-                value = sum(per_query[metric].values()) / len(per_query[metric])
-                if name == CLEAN:
-                    entries.append(Entry(value))
-                else:
-                    m = measured[(name, metric)]
-                    entries.append(Entry(value, relative=relative_change(m.perturbed, m.clean_on_same_queries),
-                                         p_value=m.p_value, level=significance_level(m.p_value)))
-        values[label] = mine
+        entries, values[label] = _system_row(reader, runs, label, perturbations, metrics, test)
         rows.append(([label], entries))
     notes = [f"Perturbed columns: the change against the clean value on the same queries (the contraction set is a "
              f"subset); † p < 0.05, ° p < 0.10 ({TEST_NAMES[test]}, perturbed vs clean)."]
     if any(n > 1 for n in seeds.values()):
         notes.append("A row with several seeds shows per-query means over its seeds (every test pairs those means): "
                      + ", ".join(f"{label} {n}" for label, n in seeds.items()) + " seed(s).")
-    if len(systems) > 1:
-        reference = systems[0][0]
-        for label, _ in systems[1:]:
-            parts = []
-            for column in columns:
-                a, b = values[label].get(column), values[reference].get(column)
-                if a is None or b is None:
-                    continue
-                comparison = paired_test(a, b, test)
-                parts.append(f"{column} {comparison.difference:+.4f} (p = {comparison.p_value:.3g})")
-            if parts:
-                notes.append(f"{label} vs {reference}: " + "; ".join(parts) + ".")
+    notes += _against_the_first_row([label for label, _ in systems], values, columns, test)
     sizes = {}
     for name in sets:  # the queries of each set, from the first system that has it
         found = next((v[f"{name} {DISPLAY_NAMES[metrics[0]]}"] for v in values.values()

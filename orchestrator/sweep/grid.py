@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, mo
 from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
 from workloads.errors import InputError
-from workloads.losses import PARAMETERS, searchable_parameters
+from workloads.losses import PARAMETERS, needs_augmentation, searchable_parameters
 from workloads.paths import stable_key
 from workloads.spec import LOSS_HYPERPARAMETERS, FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
 
@@ -316,8 +316,8 @@ def _make_cell(sweep: SweepSpec, axes: dict[str, str], loss: LossCell, augmentat
     key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
     seed = int(axes["seed"])
     size = axes["size"] if axes["size"] == "full" else int(axes["size"])
-    if loss.contrastive == "infonce" and augmentation.method == "none":
-        return Cell(key, axes, None, "infonce needs augmentation", is_baseline)
+    if needs_augmentation(loss.loss_spec()) and augmentation.method == "none":
+        return Cell(key, axes, None, f"{loss.contrastive} needs augmentation", is_baseline)
     trial = dict(sweep.base)
     trial.update({
         "name": f"{sweep.name}.{key}",

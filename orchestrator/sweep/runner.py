@@ -31,7 +31,6 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.lifecycle import (
-    SUMMARY_METRICS,
     ensure_requirement,
     requirement_run_key,
     requirements_needed,
@@ -42,7 +41,7 @@ from orchestrator.core.lifecycle import (
     training_data_identity,
     training_summary,
 )
-from orchestrator.core.tracking import Tracker, check_sqlite_file
+from orchestrator.core.tracking import Tracker, check_sqlite_file, mark_pruned
 from orchestrator.sweep.grid import Cell, SweepSpec, check_owner, check_targets, expand_grid, sweep_file
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.search import (
@@ -241,84 +240,6 @@ def _sweep_trial(config: dict) -> None:
 def _is_out_of_memory(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return any(marker in text for marker in ("OutOfMemoryError", "CUDA out of memory", "MemoryError"))
-
-
-def _make_callback(tracker: Tracker, experiment_id: str, cell_runs: dict[str, str], sweep: SweepSpec,
-                   display: SweepProgress, searcher: CellStudiesSearcher, interruption=None):
-    from ray.tune import Callback
-
-    class MlflowTrialLogger(Callback):
-        """Logs every Tune trial as a child of its cell's run, from the driver process."""
-
-        def __init__(self):
-            self.runs: dict[str, str] = {}
-            self.started: dict[str, float] = {}
-
-        def _run_id(self, trial) -> str:
-            if trial.trial_id not in self.runs:
-                config = trial.config
-                spec = TrialSpec.model_validate(config["spec"])
-                key = f"{config['cell']}/{config['train_run']}"
-                # a cell and its trials carry the same axis tags (the cell's: a searched SIR schedule
-                # is a param, not a new loss label)
-                tags = {schema.PARENT_TAG: cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
-                        schema.SWEEP_TAG: sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
-                        schema.DATA_TAG: training_data_identity(spec),
-                        **schema.axes(spec), **config.get("axes", {}), **config.get("tags", {})}
-                params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
-                self.runs[trial.trial_id] = tracker.start_trial_run(experiment_id, config["train_run"], key, params, tags)
-            return self.runs[trial.trial_id]
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            self.started.setdefault(trial.trial_id, time.perf_counter())
-            self._run_id(trial)
-            display.trial_started(trial.config["cell"])
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            run_id = self._run_id(trial)
-            if "epoch" in result and "final" not in result:
-                metrics = {k: v for k, v in result.items() if schema.is_epoch_metric(k) and isinstance(v, (int, float))}
-                tracker.log_metrics(run_id, metrics, step=int(result["epoch"]))
-                display.epoch_done()
-            if result.get("final"):
-                wall = time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter())
-                summary = {k: v for k, v in result.items() if (k in SUMMARY_METRICS or k.startswith(schema.BEST_PREFIX))
-                           and isinstance(v, (int, float)) and not isinstance(v, bool)}
-                tracker.log_metrics(run_id, {**summary, schema.TIME_TRIAL: wall})
-                tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: result[schema.CHECKPOINT_TAG]})
-                display.trial_seconds(wall)
-            if result.get("failure"):
-                tracker.set_tags(run_id, {schema.FAILURE_TAG: result["failure"]})
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            run_id = self._run_id(trial)
-            if trial.trial_id in searcher.pruned:  # stopped by the cell's pruner: recorded, not a result
-                mark_pruned(tracker, run_id, searcher.pruned[trial.trial_id],
-                            time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter()))
-                display.trial_ended(trial.config["cell"], failed=False)
-                return
-            failed = trial.last_result.get("failure") if trial.last_result else None
-            tracker.finish(run_id, "FAILED" if failed else "FINISHED")
-            display.trial_ended(trial.config["cell"], failed=bool(failed))
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            run_id = self._run_id(trial)
-            if interruption is not None and interruption.is_set():  # stopped by Ctrl-C: resumed next time
-                tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})
-                tracker.finish(run_id, "KILLED")
-                return
-            tracker.fail(run_id, "error", str(getattr(trial, "error_msg", None) or "error"))
-            display.trial_ended(trial.config["cell"], failed=True)
-
-    return MlflowTrialLogger()
-
-
-def mark_pruned(tracker: Tracker, run_id: str, epoch: int, wall: float | None = None) -> None:
-    """A pruned trial's run: KILLED (MLflow's "stopped"), tagged with the epoch it stopped after."""
-    tracker.set_tags(run_id, {schema.PRUNED_TAG: str(epoch)})
-    if wall is not None:
-        tracker.log_metrics(run_id, {schema.TIME_TRIAL: wall})
-    tracker.finish(run_id, "KILLED")
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -525,17 +446,24 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
                 ray.shutdown()
 
 
+def preparation_units(sweep: SweepSpec, cells: list[Cell]) -> list:
+    """Each cell's data as one unit (:mod:`orchestrator.core.preparation`): its spec per searched
+    k_a, every zero-shot target's data (a collection that cannot load fails now, not after the
+    grid trained), its selector's data first."""
+    from orchestrator.core.preparation import trial_unit
+
+    return [trial_unit(cell.key, _data_variants(cell, sweep), _zero_shot(sweep)) for cell in cells if cell.spec is not None]
+
+
 def _prepare_cells(sweep: SweepSpec, cells: list[Cell], prepared: dict) -> None:
     """The cells' data (indexes, runs, training sets, augmentations), prepared once before the
-    trials race for it, with every zero-shot target's (a collection that cannot load fails now,
-    not after the grid trained)."""
+    trials race for it (the units ``orchestrate prepare`` builds); ``prepared`` keeps each cell's."""
+    from orchestrator.core.preparation import prepare_units
     from workloads.trial import prepare_trial
 
-    for cell in cells:
-        for spec in _data_variants(cell, sweep):
-            prepared[cell.key] = prepare_trial(spec)
-        for target in targets(cell.spec, _zero_shot(sweep))[1:]:
-            prepare_trial(target.spec)
+    prepare_units(preparation_units(sweep, cells))
+    for cell in (c for c in cells if c.spec is not None):
+        prepared[cell.key] = prepare_trial(_data_variants(cell, sweep)[-1])  # cached: read back, nothing computed
 
 
 def _train_selectors(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
@@ -709,6 +637,7 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
     import ray.tune
 
     from orchestrator.core.execution import init_ray
+    from orchestrator.sweep.trial_logger import MlflowTrialLogger
 
     init_ray(ray_address)
     concurrent = _max_concurrent(sweep, cells)
@@ -729,7 +658,7 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
         run_config=ray.tune.RunConfig(
             name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
             failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[_make_callback(tracker, experiment_id, cell_runs, sweep, display, searcher, interruption)],
+            callbacks=[MlflowTrialLogger(tracker, experiment_id, cell_runs, sweep, display, searcher, interruption)],
             stop=_InterruptStopper(interruption),
             verbose=0,
         ),
@@ -842,6 +771,22 @@ def log_default_report(sweep: SweepSpec, tracker: Tracker) -> None:
         log.warning("the sweep's report was not logged to MLflow: %s", exc)
 
 
+def _cell_states(sweep: SweepSpec, tracker: Tracker | None, plan: dict, trials: list) -> dict[str, str]:
+    """Each runnable cell's one state: done, failed, stale, interrupted, running or pending."""
+    results = {c.cell.key: c for c in load_cell_states(sweep, tracker)} if tracker is not None else {}
+    begun = {d["key"] for d in plan["cells_detail"] if d["trials_done"]}
+    begun |= {r.data.tags.get(schema.CELL_TAG) for r in trials if r.info.status == "RUNNING"}
+    states = {}
+    for detail in plan["cells_detail"]:
+        if detail["unavailable"]:
+            continue
+        result = results.get(detail["key"])
+        state = {"ok": "done", "failed": "failed", "stale": "stale", "interrupted": "interrupted"}.get(
+            result.status if result is not None else "", None)
+        states[detail["key"]] = state or ("running" if detail["key"] in begun else "pending")
+    return states
+
+
 def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) -> dict:
     """Progress from MLflow (runs) and Optuna (trials left), read only: nothing is started or
     written. Every cell is in exactly one state: done, failed, stale (tested on data that changed
@@ -858,17 +803,7 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) 
     runs = tracker.client.search_runs([experiment.experiment_id], max_results=50_000) if experiment else []
     trials = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.TRIAL]
     selector_runs = [r for r in runs if r.data.tags.get(schema.KIND_TAG) == schema.SELECTOR]
-    cell_state = {}
-    results = {c.cell.key: c for c in load_cell_states(sweep, tracker)} if experiment else {}
-    begun = {d["key"] for d in plan["cells_detail"] if d["trials_done"]}
-    begun |= {r.data.tags.get(schema.CELL_TAG) for r in trials if r.info.status == "RUNNING"}
-    for detail in plan["cells_detail"]:
-        if detail["unavailable"]:
-            continue
-        result = results.get(detail["key"])
-        state = {"ok": "done", "failed": "failed", "stale": "stale", "interrupted": "interrupted"}.get(
-            result.status if result is not None else "", None)
-        cell_state[detail["key"]] = state or ("running" if detail["key"] in begun else "pending")
+    cell_state = _cell_states(sweep, tracker if experiment else None, plan, trials)
     count = lambda state: sum(1 for v in cell_state.values() if v == state)  # noqa: E731
     interrupted = [r for r in trials if r.info.status == "KILLED" and r.data.tags.get(schema.INTERRUPTED_TAG) == "true"]
     pruned = [r for r in trials if r.info.status == "KILLED" and schema.PRUNED_TAG in r.data.tags]

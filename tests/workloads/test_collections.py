@@ -189,3 +189,34 @@ def test_cli_guards_are_one_line_exit_2(tmp_path, case):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_collection_is_opened_once_per_process_and_again_when_its_files_change(tmp_path):
+    import os
+
+    root = write_beir(tmp_path / "c")
+    first = resolve_collection(str(root))
+    assert resolve_collection(str(root)) is first  # a trial, its targets, the cells: one read
+    fingerprint = first.fingerprint
+    corpus = root / "corpus.jsonl"
+    corpus.write_text(corpus.read_text().replace("Dogs bark", "Wolves howl"))
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 1_000_000))
+    changed = resolve_collection(str(root))
+    assert changed is not first and changed.fingerprint != fingerprint
+
+
+def test_the_corpus_fingerprint_follows_the_corpus_not_the_queries(tmp_path, scifact_dir):
+    """A held-out copy with the same corpus (linked) shares its indexes and runs; an in-memory
+    collection still hashes its documents."""
+    from tests.helpers import held_out_scifact
+    from workloads.data.collections import Collection, Document, corpus_fingerprint
+
+    original = resolve_collection(str(scifact_dir))
+    held_out = resolve_collection(str(held_out_scifact(tmp_path, scifact_dir)))
+    assert held_out.fingerprint == original.fingerprint and len(held_out.qrels["test"]) < len(original.qrels["test"])
+    in_memory = Collection("m", {"d": Document("d", "", "text")}, {}, {})
+    assert len(in_memory.fingerprint) == 16 and in_memory.fingerprint != original.fingerprint
+    # ir_datasets: collections over one corpus share it (one index for msmarco-document and its TREC-DL subsets)
+    assert (corpus_fingerprint(None, None, "msmarco-document")
+            == corpus_fingerprint(None, None, "msmarco-document/trec-dl-2019/judged")
+            != corpus_fingerprint(None, None, "beir/scifact"))

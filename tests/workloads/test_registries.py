@@ -1,6 +1,7 @@
 """Contract tests over the registries (as Optuna tests every sampler): every loss and every
 augmentation scorer is configurable from YAML, constructible from its spec, and every
-hyper-parameter a loss declares searchable can be searched by a sweep."""
+hyper-parameter a loss declares searchable can be searched by a sweep; every trial kind
+names its whole lifecycle."""
 
 import inspect
 import random
@@ -10,6 +11,7 @@ import torch
 
 from workloads.augmentation.scorers import SCORERS
 from workloads.batching import triples_to_batch
+from workloads.kinds import TRIAL_KINDS
 from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, ModelOutputs, build_loss
 from workloads.spec import AugmentationSpec, LossSpec, TrialSpec
 
@@ -186,3 +188,60 @@ def test_every_searchable_declaration_is_in_the_search_space():
         assert SearchSpec.model_fields[field].alias == PARAMETERS[field].alias
     search = SearchSpec.model_validate({"lambda": {"low": 0.1, "high": 0.5}, "lambdaloss_sigma": {"choices": [0.5, 2.0]}})
     assert search.lambda_.low == 0.1 and search.lambdaloss_sigma.choices == [0.5, 2.0]
+
+
+def test_supervised_scorers_are_exactly_the_selector_registry():
+    """Supervised-ness is a property of the scorer; the selectors that train are the selector registry."""
+    from workloads.augmentation.scorers import SUPERVISED_METHODS
+    from workloads.selectors import SELECTORS
+    from workloads.selectors.kind import SELECTOR_METHODS
+
+    assert set(SUPERVISED_METHODS) == set(SELECTORS) == set(SELECTOR_METHODS) == {"linear", "attention"}
+    assert all(not SCORERS[m].supervised for m in SCORERS if m not in SELECTORS)
+
+
+def test_losses_that_need_augmentation_are_refused_without_it_in_trials_and_grids():
+    from workloads.losses import needs_augmentation
+
+    needing = [(kind, name) for kind, name in ALL_LOSSES
+               if (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name].needs_augmentation]
+    assert ("contrastive", "infonce") in needing
+    for kind, name in needing:
+        loss = {kind: name}
+        assert needs_augmentation(LossSpec.model_validate(loss))
+        with pytest.raises(ValueError, match="contrasts a relevant pair with its augmented view"):
+            TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, "loss": loss})
+
+
+# ----------------------------------------------------------------------------- trial kinds
+
+
+def _kind_examples():
+    from workloads.selectors.kind import selector_trial
+
+    rerank = TrialSpec.model_validate({"name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
+                                       "augmentation": {"method": "linear"}})
+    return {"rerank": rerank, "selector": selector_trial(rerank)}
+
+
+@pytest.mark.parametrize("name", sorted(TRIAL_KINDS))
+def test_every_trial_kind_names_its_whole_lifecycle(name):
+    """A kind is one registration: a typed spec, its workers' inputs, and every step of its
+    lifecycle; a required trial has a kind of its own and an identity to be shared by."""
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    from workloads.kinds import kind_of, requirements
+
+    kind = TRIAL_KINDS[name]
+    example = _kind_examples()[name]
+    assert issubclass(kind.spec, BaseModel) and dataclasses.is_dataclass(kind.inputs)
+    assert kind_of(example) is kind
+    for step in (kind.requires, kind.prepare, kind.worker_inputs, kind.train, kind.test, kind.finished, kind.keep):
+        assert callable(step)
+    for required in kind.requires(example):
+        required_kind = kind_of(required)
+        assert required_kind.key is not None, f"{required_kind.name} is required but has no identity to share"
+        assert required_kind.key(required) == required_kind.key(required.model_copy())
+    assert len(requirements([example, example])) == len(kind.requires(example))  # shared: each once

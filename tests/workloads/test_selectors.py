@@ -353,7 +353,7 @@ def _selector_ddp_worker(rank: int, world: int, port: int, data_dir: str, model_
                             qrels, 1, str(data / "sentences-1.parquet"))
     steps = []
     train_selector(spec, inputs, lambda metrics, checkpoint: steps.append(metrics))
-    model = wrapped[0]
+    model = wrapped[0].model  # DDP wraps the training objective: the select-and-rank model and its loss
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, data / f"state-{rank}.pt")
     dist.destroy_process_group()
 

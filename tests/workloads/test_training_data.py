@@ -83,3 +83,47 @@ def test_scifact_size_n_sets_real(scifact_dir):
     before = path.stat().st_mtime_ns
     again, _ = build_training_set(collection, "train", train_ids, run, run_path.stem, 100, 1000, 1)
     assert again == path and path.stat().st_mtime_ns == before
+
+
+def test_a_validation_cap_draws_the_same_queries_whatever_the_trial():
+    from workloads.training_sets import capped_validation_queries
+
+    ids = [f"q{i}" for i in range(5_193)]  # MS MARCO dev's size
+    capped = capped_validation_queries(ids, 500)
+    assert len(capped) == 500 == len(set(capped)) and set(capped) <= set(ids) and capped == sorted(capped)
+    assert capped_validation_queries(list(reversed(ids)), 500) == capped  # order of the split does not matter
+    assert capped_validation_queries(ids, 400) != capped[:400]  # another cap is another draw, still fixed
+    assert capped_validation_queries(ids, None) == sorted(ids) == capped_validation_queries(ids, 10_000)
+
+
+def _beir_with_dev(root, dev_queries: int):
+    import json
+
+    (root / "qrels").mkdir(parents=True)
+    ids = {"train": range(0, 10), "dev": range(10, 10 + dev_queries), "test": range(100, 105)}
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{q}", "title": "", "text": f"document {q}"}) + "\n"
+                                               for split in ids.values() for q in split))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{q}", "text": f"query {q}"}) + "\n"
+                                                for split in ids.values() for q in split))
+    for split, queries in ids.items():
+        (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                                    + "".join(f"q{q}\td{q}\t1\n" for q in queries))
+    return root
+
+
+def test_a_validation_cap_applies_to_a_validation_split_and_keys_only_when_set(tmp_path):
+    from orchestrator.core.schema import trial_key
+    from workloads.spec import TrialSpec
+    from workloads.trial import _training_queries
+
+    root = _beir_with_dev(tmp_path / "dev20", 20)
+    base = {"name": "cap", "data": {"collection": str(root), "validation_split": "dev"}, "model": {"name": "m"}}
+    spec = TrialSpec.model_validate(base)
+    capped = TrialSpec.model_validate({**base, "data": {**base["data"], "validation_cap": 5}})
+    collection = resolve_collection(str(root))
+    whole, few = _training_queries(spec, collection), _training_queries(capped, collection)
+    assert len(whole[2]) == 20 and len(few[2]) == 5 and set(few[2]) <= set(whole[2]) and set(few[3]) == set(few[2])
+    assert few[:2] == whole[:2]  # training queries untouched
+    assert trial_key(capped) != trial_key(spec)
+    with pytest.raises(ValueError, match="validation_cap caps a validation_split"):
+        TrialSpec.model_validate({**base, "data": {"collection": str(root), "validation_cap": 5}})

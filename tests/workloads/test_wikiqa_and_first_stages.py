@@ -58,7 +58,7 @@ def write_wikiqa(root: Path) -> Path:
 def test_the_real_wikiqa_split_counts():
     path = Path(os.environ["ORCHESTRATE_DATA_DIR"]) / "wikiqa"
     if not path.is_dir():
-        pytest.fail(f"WikiQA not found at {path}: set ORCHESTRATE_DATA_DIR to ../shared/data")
+        pytest.fail(f"WikiQA not found at {path}: set ORCHESTRATE_DATA_DIR to the data directory")
     collection = resolve_collection(str(path))
     counts = {split: (len(qrels), sum(map(len, qrels.values())), sum(sum(q.values()) for q in qrels.values()))
               for split, qrels in collection.qrels.items()}

@@ -113,7 +113,10 @@ class Collection:
 
     @property
     def fingerprint(self) -> str:
-        """A content hash of the corpus: cache keys for indexes and runs hang on it."""
+        """What cache keys for indexes, runs and training sets hang on. A collection opened by
+        :func:`resolve_collection` carries its identity (:func:`collection_identity`: remembered
+        per set of file sizes and times, or an ir_datasets id and version), so no process reads
+        the corpus for it; one built in memory hashes its corpus's content, once."""
         if self._fingerprint is None:
             digest = hashlib.sha256()
             for doc in self.require_corpus().values():
@@ -543,6 +546,52 @@ def same_collection(first: str, second: str) -> bool:
     return first.strip("/") == second.strip("/")
 
 
+def _remembered_content_hash(local: Path, files: list[Path]) -> str:
+    """SHA-256 of these files' names and bytes, remembered in the cache per set of their sizes and
+    modification times: a file is read again only when it changed."""
+    stats = [(str(p.relative_to(local)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    remembered = cache_dir() / "identity" / f"content-{stable_key(str(local), stats)}.json"
+    if remembered.exists():
+        return json.loads(remembered.read_text())["sha256"]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(local)).encode() + b"\x00")
+        with open(path, "rb") as handle:
+            for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                digest.update(block)
+    _remember(remembered, {"directory": str(local), "sha256": digest.hexdigest()})
+    return digest.hexdigest()
+
+
+def _remember(path: Path, value: dict) -> None:
+    """Write ``value`` where a cache exists (a command that only reads creates none); a read-only
+    cache is not an error: the value is computed again next time."""
+    if not cache_dir().is_dir():
+        return
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps(value))
+        temporary.replace(path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+
+
+def corpus_fingerprint(collection: Collection, local: Path | None, ref: str) -> str:
+    """The identity of a collection's corpus alone, without reading it where it can be avoided:
+    the content hash of a directory's corpus files (remembered, :func:`_remembered_content_hash`),
+    or an ir_datasets corpus's id and library version (collections that share a corpus, such as
+    msmarco-document and its TREC-DL subsets, share it, so their index is built once)."""
+    if local is None:
+        import ir_datasets
+
+        return stable_key("ir_datasets-docs", ir_datasets.docs_parent_id(ref.strip("/")), ir_datasets.__version__)
+    corpus_files = [p for p in (local / "corpus.jsonl", local / "corpus.jsonl.gz") if p.is_file()]
+    files = corpus_files or sorted(p for p in local.rglob("*") if p.is_file()  # WikiQA: built from all its files
+                                   and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    return _remembered_content_hash(local, files)[:16]
+
+
 def collection_identity(ref: str) -> str:
     """What a collection's results depend on, without loading it: for a local directory, the
     content of its files (hashed once per set of file sizes and modification times, and
@@ -560,42 +609,43 @@ def collection_identity(ref: str) -> str:
         return stable_key("ir_datasets", ref.strip("/"), version)
     files = sorted(p for p in local.rglob("*") if p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(local).parts))
-    stats = [(str(p.relative_to(local)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    remembered = cache_dir() / "identity" / f"{stable_key(str(local), stats)}.json"
-    if remembered.exists():
-        return json.loads(remembered.read_text())["identity"]
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(local)).encode() + b"\x00")
-        with open(path, "rb") as handle:
-            for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
-                digest.update(block)
-    parts = [digest.hexdigest()]
+    digest = _remembered_content_hash(local, files)
+    parts = [digest]
     properties = local / COLLECTION_FILE
     if properties.is_file():
         corpus = (read_collection_file(properties).get("corpus") or "")
         if corpus:
             parts.append(collection_identity(str(local / corpus) if (local / corpus).is_dir() else corpus))
     identity = stable_key(*parts)
-    if cache_dir().is_dir():  # remembered where a cache exists (a command that only reads creates none)
-        temporary = remembered.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            remembered.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps({"directory": str(local), "identity": identity}))
-            temporary.replace(remembered)
-        except OSError:  # a read-only cache: the identity is computed again next time, nothing fails
-            temporary.unlink(missing_ok=True)
     return identity
 
 
+_OPENED: dict[tuple, Collection] = {}  # per process: a collection is read once, whoever asks
+
+
+def _files_signature(local: Path) -> tuple:
+    """The sizes and modification times of a directory's files (stat calls only): what says the
+    copy in memory is still the one on disk."""
+    files = sorted(p for p in local.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    return tuple((str(p.relative_to(local)), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+
 def resolve_collection(ref: str) -> Collection:
-    """Resolve a reference: a local directory, ``$ORCHESTRATE_DATA_DIR/<name>``, else ir_datasets."""
+    """Resolve a reference: a local directory, ``$ORCHESTRATE_DATA_DIR/<name>``, else ir_datasets.
+
+    Opened once per process (again only when a local directory's files change): a trial's
+    preparation, its targets and the sweep's cells ask for the same collections many times."""
     local = local_directory(ref)
-    if local is not None:
-        return _load_directory(local, ref)
-    if ref.startswith(("/", ".", "~")):
+    if local is None and ref.startswith(("/", ".", "~")):
         raise InputError(ref, "no such directory")
-    return load_ir_datasets(ref)
+    opened_as = (ref, str(local), _files_signature(local)) if local is not None else (ref.strip("/"),)
+    if opened_as not in _OPENED:
+        collection = _load_directory(local, ref) if local is not None else load_ir_datasets(ref)
+        if collection.corpus is not None and collection._fingerprint is None:
+            collection._fingerprint = corpus_fingerprint(collection, local, ref)
+        _OPENED[opened_as] = collection
+    return _OPENED[opened_as]
 
 
 COLLECTION_FILE = "collection.yaml"
@@ -642,5 +692,6 @@ def _load_directory(path: Path, name: str) -> Collection:
             raise InputError(path / COLLECTION_FILE, "corpus: this directory has a corpus of its own")
         reference = properties["corpus"]
         relative = path / reference
-        collection.corpus = resolve_collection(str(relative) if relative.is_dir() else reference).require_corpus()
+        owner = resolve_collection(str(relative) if relative.is_dir() else reference)
+        collection.corpus, collection._fingerprint = owner.require_corpus(), owner.fingerprint
     return collection

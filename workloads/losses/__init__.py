@@ -118,6 +118,12 @@ def searchable_parameters(spec) -> tuple[str, ...]:
     return tuple(names)
 
 
+def needs_augmentation(spec) -> bool:
+    """Whether ``spec``'s losses contrast pairs with their augmented views (a trial then needs an augmenter)."""
+    return RANKING_LOSSES[spec.ranking].needs_augmentation or (
+        spec.contrastive != "none" and CONTRASTIVE_LOSSES[spec.contrastive].needs_augmentation)
+
+
 def build_loss(spec, hidden_size: int) -> PairLoss:
     """The training loss of a ``workloads.spec.LossSpec``."""
     def settings(cls: type[PairLoss]) -> dict:
@@ -133,5 +139,5 @@ def build_loss(spec, hidden_size: int) -> PairLoss:
 
 __all__ = ["ModelOutputs", "PairLoss", "Parameter", "RANKING_LOSSES", "CONTRASTIVE_LOSSES", "WEIGHTINGS", "WEIGHTING_PARAMETERS",
            "PARAMETERS", "RANKING_PARAMETERS", "CONTRASTIVE_PARAMETERS", "collect_declarations", "build_ranking_loss",
-           "build_contrastive_loss", "build_loss", "loss_parameters", "searchable_parameters", "RankingWithContrastive",
-           "LambdaLoss"]
+           "build_contrastive_loss", "build_loss", "needs_augmentation", "loss_parameters", "searchable_parameters",
+           "RankingWithContrastive", "LambdaLoss"]

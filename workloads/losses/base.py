@@ -114,6 +114,7 @@ class PairLoss(nn.Module):
     hyperparameters: ClassVar[dict[str, str]] = {}  # derived: LossSpec field -> constructor argument
     searchable: ClassVar[tuple[str, ...]] = ()      # derived: LossSpec fields a sweep may search
     needs_hidden_size: ClassVar[bool] = False       # the constructor takes the encoder's hidden size
+    needs_augmentation: ClassVar[bool] = False  # contrasts pairs with their augmented views: needs an augmenter
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

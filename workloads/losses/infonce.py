@@ -17,6 +17,7 @@ class RankingInfoNCE(PairLoss):
     """
 
     name = "infonce"
+    needs_augmentation = True
     declared_parameters = (TAU.taken_as("temperature"),)
 
     def __init__(self, temperature: float = 0.1) -> None:

@@ -71,14 +71,23 @@ def _run_java(main_class: str, args: list[str], what: str, output: Path | None =
 _log = get_logger("bm25").info
 
 
-def build_index(collection: Collection, threads: int = 2) -> Path:
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity: what Ray or a scheduler gave it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def build_index(collection: Collection, threads: int | None = None) -> Path:
     """The Lucene index of ``collection`` ("flat": title + text), built once per corpus content."""
     corpus = collection.require_corpus()
     index_dir = cache_dir() / "indexes" / f"{collection.fingerprint}-flat"
     if (index_dir / "segments.complete").exists():
         return index_dir
     started = time.perf_counter()
-    _log(f"indexing {len(corpus):,} documents of {collection.name} -> {index_dir}")
+    threads = threads or available_cpus()
+    _log(f"indexing {len(corpus):,} documents of {collection.name} with {threads} threads -> {index_dir}")
     with atomic_path(index_dir) as work:
         docs_dir = work / "docs"
         docs_dir.mkdir(parents=True)
@@ -143,7 +152,7 @@ def retrieve(
     queries: dict[str, str],
     k: int = 1000,
     params: BM25Params = BM25Params(),
-    threads: int = 2,
+    threads: int | None = None,
 ) -> tuple[Run, Path]:
     """BM25 top-``k`` per query; the TREC run is cached by (corpus, queries, k, params)."""
     if not queries:
@@ -157,6 +166,7 @@ def retrieve(
         raise InputError(collection.name, f"{len(empty)} queries have no text (e.g. '{empty[0]}'): BM25 cannot search "
                                           "for them; remove them from the split or give them text")
     index_dir = build_index(collection, threads=threads)
+    threads = threads or available_cpus()  # every CPU the process was given: the ranking is the same
     key = stable_key(collection.fingerprint, sorted(queries.items()), k, params)
     run_path = cache_dir() / "runs" / f"bm25-{key}.trec"
     if run_path.exists():

@@ -71,8 +71,9 @@ def selector_key(spec: SelectorTrialSpec) -> str:
     # first_stage.path left out while unset: it came after selectors were first keyed
     first_stage = {"test_depth"} | ({"path"} if spec.first_stage.path is None else set())
     training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
-    exclude = {"name": True, "resources": True, "data": {"test_collection", "test_split", "test_perturbation", "test_first_stage"},
-               "first_stage": first_stage, "training_data": training_data}
+    data = {"test_collection", "test_split", "test_perturbation", "test_first_stage"}
+    data |= {"validation_cap"} if spec.data.validation_cap is None else set()  # added after selectors were first keyed
+    exclude = {"name": True, "resources": True, "data": data, "first_stage": first_stage, "training_data": training_data}
     return stable_key(spec.model_dump_json(exclude=exclude), f"sentences-v{SPLITTER_VERSION}")
 
 

@@ -1,0 +1,63 @@
+"""``orchestrate prepare``: every trial's data of a trial file or a sweep, built without training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from orchestrator.cli.output import HelpFormatter, emit
+from workloads.errors import InputError
+
+
+def add_parser(sub, common) -> None:
+    parser = sub.add_parser("prepare", parents=[common], formatter_class=HelpFormatter,
+                            help="build every trial's data (first-stage runs, training and augmentation sets, token ids, "
+                                 "candidates of every target) without training; a rerun reuses what is built")
+    parser.add_argument("config", help="a sweep (search_spaces/demo.yaml) or a trial file (search_spaces/trials/...)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+
+
+def units_of(path: Path) -> tuple[str, list]:
+    """(name, preparation units) of a sweep (a file with a ``grid``) or a trial file."""
+    from orchestrator.core.preparation import trial_unit
+
+    try:
+        is_sweep = isinstance(loaded := yaml.safe_load(path.read_text()), dict) and "grid" in loaded
+    except (OSError, yaml.YAMLError):
+        is_sweep = False  # the loaders below say what is wrong, with the line
+    if is_sweep:
+        from orchestrator.sweep.grid import expand_grid, load_sweep
+        from orchestrator.sweep.runner import preparation_units
+
+        sweep = load_sweep(path)
+        return sweep.name, preparation_units(sweep, expand_grid(sweep))
+    from orchestrator.core.config import load_trials
+    from workloads.spec import TrialSpec
+
+    experiment, specs = load_trials(path, TrialSpec)
+    return experiment, [trial_unit(spec.name, [spec]) for spec in specs]
+
+
+def run(args: argparse.Namespace) -> int:
+    from orchestrator.core.preparation import prepare_units
+
+    name, units = units_of(Path(args.config))
+    if not units:
+        raise InputError(args.config, "nothing to prepare: no runnable trial or cell")
+    reports = prepare_units(units)
+    built = sum(r.built for r in reports)
+    waiting = [r for r in reports if not r.complete]
+    if args.json:
+        emit(json.dumps({"name": name, "units": len(reports), "files_built": built, "complete": len(reports) - len(waiting),
+                         "waiting": [{"unit": r.label, "for": r.waiting} for r in waiting],
+                         "seconds": sum(r.seconds for r in reports)}, indent=2))
+        return 0
+    emit(f"{name}: {len(reports)} trial(s) or cell(s) prepared, {built} file(s) built "
+         f"({'everything reused' if not built else 'the rest reused'}), {sum(r.seconds for r in reports):.1f}s")
+    for report in waiting:
+        emit(f"  {report.label} waits: {report.waiting}")
+    return 0

@@ -1,0 +1,88 @@
+"""Preparation: every trial's data built on the driver, before any training.
+
+A unit is what one trial (or one grid cell) reads: the data of the trials it requires (a
+supervised augmentation's selector), its own (first-stage runs, training set, augmentation
+sets, token ids, candidate lists) and each evaluation target's. Everything is cached by
+content, so preparing again reuses what exists. ``orchestrate prepare`` runs the units of a
+trial file or a sweep on their own (on a cluster: on CPU nodes before any GPU is paid for);
+``orchestrate sweep`` and ``run`` prepare the same units before they train.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.core.lifecycle import targets
+from workloads.kinds import kind_of
+from workloads.logs import get_logger
+from workloads.paths import cache_dir
+from workloads.trial import SelectorNotTrained
+
+log = get_logger("prepare")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A trial's (or a cell's) data: ``specs`` prepared in order, required trials first."""
+
+    label: str
+    specs: tuple
+
+
+@dataclass
+class UnitReport:
+    label: str
+    seconds: float
+    built: int                   # files the cache gained
+    waiting: str | None = None   # what it waits for (a selector not trained yet), or None when complete
+    specs: int = 0
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.waiting is None
+
+
+def trial_unit(label: str, specs: Sequence, zero_shot: Sequence[tuple] = ()) -> Unit:
+    """The unit of one trial (its variants share the label: a cell's spec per searched k_a):
+    required trials first, then each variant, then every evaluation target beyond its own."""
+    ordered: dict[str, object] = {}
+    for spec in specs:
+        for required in kind_of(spec).requires(spec):
+            ordered.setdefault(f"{kind_of(required).name}:{kind_of(required).key(required)}", required)
+    for index, spec in enumerate(specs):
+        ordered[f"trial:{index}"] = spec
+    for index, target in enumerate(targets(specs[0], zero_shot)[1:]):
+        ordered[f"target:{index}"] = target.spec
+    return Unit(label, tuple(ordered.values()))
+
+
+def _cache_files(root: Path) -> int:
+    return sum(1 for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
+
+
+def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
+    """Prepare every unit, logging one line each (what it built, how long); a unit whose
+    augmentation needs a selector that is not trained yet stops there and says so."""
+    reports = []
+    root = cache_dir()
+    for number, unit in enumerate(units, 1):
+        before, started = _cache_files(root), time.perf_counter()
+        waiting = None
+        for spec in unit.specs:
+            try:
+                kind_of(spec).prepare(spec)
+            except SelectorNotTrained as exc:
+                waiting = exc.problem
+                break
+        report = UnitReport(unit.label, time.perf_counter() - started, _cache_files(root) - before, waiting, len(unit.specs))
+        reports.append(report)
+        state = f"waits: {waiting}" if waiting else (f"{report.built} file(s) built" if report.built else "all reused")
+        log.info("prepared [%d/%d] %s: %s (%.1fs)", number, len(units), unit.label, state, report.seconds)
+    return reports
+
+
+__all__ = ["Unit", "UnitReport", "trial_unit", "prepare_units"]
