@@ -43,7 +43,7 @@ class TrialKind:
     prepare: Callable[[Any], Any]                # driver: the data, cached by content
     worker_inputs: Callable[[Any], Any]          # prepared -> what the workers read (an ``inputs``)
     train: Callable                              # train(spec, inputs, report, device=..., resume_from=...)
-    test: Callable[[Path, Any, Any, dict], Reranking]  # (checkpoint, prepared, spec, chosen epoch's metrics)
+    test: Callable[..., Reranking]               # (checkpoint, prepared, spec, chosen epoch's metrics, device=None)
     finished: Callable[[Any], Path | None] = lambda spec: None    # a result kept outside the run store, if any
     keep: Callable[[Any, Path, dict], Path | None] = lambda spec, checkpoint, summary: None  # keep the chosen one
     key: Callable[[Any], str] | None = None     # identity of a required trial (shared by every trial requiring it)
@@ -53,8 +53,13 @@ def _rerank_requires(spec: TrialSpec) -> list:
     return [selector_trial(spec)] if spec.augmentation.method in SUPERVISED_METHODS else []
 
 
-def _rerank_test(checkpoint: Path, prepared, spec: TrialSpec, chosen: dict) -> Reranking:
-    return evaluate_checkpoint(checkpoint, prepared, spec, interpolation=final_interpolation(spec, chosen.get(WEIGHT_METRIC)))
+def _rerank_test(checkpoint: Path, prepared, spec: TrialSpec, chosen: dict, device=None) -> Reranking:
+    return evaluate_checkpoint(checkpoint, prepared, spec, device,
+                               interpolation=final_interpolation(spec, chosen.get(WEIGHT_METRIC)))
+
+
+def _selector_test(checkpoint: Path, prepared, spec: SelectorTrialSpec, chosen: dict, device=None) -> Reranking:
+    return evaluate_selector_checkpoint(checkpoint, prepared, spec, device)
 
 
 TRIAL_KINDS = {kind.name: kind for kind in (
@@ -62,7 +67,7 @@ TRIAL_KINDS = {kind.name: kind for kind in (
               worker_inputs=lambda prepared: prepared.training, train=train_cross_encoder, test=_rerank_test),
     TrialKind("selector", SelectorTrialSpec, SelectorInputs, requires=lambda spec: [], prepare=prepare_selector,
               worker_inputs=lambda prepared: prepared.inputs, train=train_selector,
-              test=lambda checkpoint, prepared, spec, chosen: evaluate_selector_checkpoint(checkpoint, prepared, spec),
+              test=_selector_test,
               finished=trained_selector, keep=install_selector, key=selector_key),
 )}
 

@@ -76,7 +76,8 @@ def cut_document(text: str, max_length: int) -> str:
     tokens) though truncation keeps at most ``max_length``. The cut falls on whitespace after
     2 * max_length + 16 words, and every word gives at least one token, so the tokens a pair
     keeps are those of the whole document (tested). Texts of fewer words stay whole. Written
-    here because tokenizers truncate only after tokenizing the whole text."""
+    here because tokenizers truncate only after tokenizing the whole text. A word that gives no
+    token (a zero-width space) is caught by :func:`cut_documents`, which tokenizers use."""
     limit = 2 * max_length + 16
     if len(text) <= limit:  # fewer characters than words the cut keeps: nothing to cut
         return text
@@ -86,11 +87,25 @@ def cut_document(text: str, max_length: int) -> str:
     return text
 
 
+def cut_documents(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str], max_length: int) -> list[str]:
+    """Each document cut by :func:`cut_document`, kept whole where its cut part gives fewer than
+    ``max_length`` tokens: a word can give none (a zero-width space, a mark the normalizer
+    strips), and only a cut part of ``max_length`` tokens or more truncates as the whole does."""
+    cut = [cut_document(document, max_length) for document in documents]
+    shortened = [i for i, (part, whole) in enumerate(zip(cut, documents)) if part is not whole]
+    if shortened:
+        counts = tokenizer([cut[i] for i in shortened], add_special_tokens=False)["input_ids"]
+        for i, ids in zip(shortened, counts):
+            if len(ids) < max_length:
+                cut[i] = documents[i]
+    return cut
+
+
 def tokenize_pairs(tokenizer: PreTrainedTokenizerBase, queries: Sequence[str], documents: Sequence[str],
                    max_length: int) -> dict[str, list[list[int]]]:
     """Token ids (and attention masks) of each pair, unpadded: the one tokenizer call of both
-    paths (the document is cut, :func:`cut_document`, then truncated first, see ``CrossEncoder.encode``)."""
-    documents = [cut_document(document, max_length) for document in documents]
+    paths (the document is cut, :func:`cut_documents`, then truncated first, see ``CrossEncoder.encode``)."""
+    documents = cut_documents(tokenizer, documents, max_length)
     encoded = tokenizer(list(queries), documents, truncation="longest_first", max_length=max_length)
     return {key: encoded[key] for key in (*STORED_COLUMNS, "attention_mask") if key in encoded}
 
@@ -149,4 +164,5 @@ def pad_features(tokenizer: PreTrainedTokenizerBase, features: list[dict[str, li
     return dict(tokenizer.pad(features, padding="longest", return_tensors="pt"))
 
 
-__all__ = ["TokenizedPairs", "tokenized_pairs", "tokenize_pairs", "cut_document", "tokenizer_fingerprint", "pad_features", "pairs_digest"]
+__all__ = ["TokenizedPairs", "tokenized_pairs", "tokenize_pairs", "cut_document", "cut_documents", "tokenizer_fingerprint",
+           "pad_features", "pairs_digest"]

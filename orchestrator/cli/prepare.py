@@ -43,13 +43,14 @@ def units_of(path: Path) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.preparation import prepare_units
+    from orchestrator.core.preparation import cache_files, prepare_units
 
     name, units = units_of(Path(args.config))
     if not units:
         raise InputError(args.config, "nothing to prepare: no runnable trial or cell")
+    before = cache_files()
     reports = prepare_units(units)
-    built = sum(r.built for r in reports)
+    built = cache_files() - before
     waiting = [r for r in reports if not r.complete]
     if args.json:
         emit(json.dumps({"name": name, "units": len(reports), "files_built": built, "complete": len(reports) - len(waiting),

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from orchestrator.core.lifecycle import targets
 from workloads.kinds import kind_of
@@ -36,10 +35,8 @@ class Unit:
 class UnitReport:
     label: str
     seconds: float
-    built: int                   # files the cache gained
     waiting: str | None = None   # what it waits for (a selector not trained yet), or None when complete
     specs: int = 0
-    details: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -60,17 +57,19 @@ def trial_unit(label: str, specs: Sequence, zero_shot: Sequence[tuple] = ()) -> 
     return Unit(label, tuple(ordered.values()))
 
 
-def _cache_files(root: Path) -> int:
+def cache_files() -> int:
+    """Files in the cache: ``orchestrate prepare`` counts them before and after (once per command:
+    a shared cache on a network file system is slow to walk)."""
+    root = cache_dir()
     return sum(1 for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
 
 
 def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
-    """Prepare every unit, logging one line each (what it built, how long); a unit whose
-    augmentation needs a selector that is not trained yet stops there and says so."""
+    """Prepare every unit, logging one line each (how long); a unit whose augmentation needs a
+    selector that is not trained yet stops there and says so."""
     reports = []
-    root = cache_dir()
     for number, unit in enumerate(units, 1):
-        before, started = _cache_files(root), time.perf_counter()
+        started = time.perf_counter()
         waiting = None
         for spec in unit.specs:
             try:
@@ -78,11 +77,11 @@ def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
             except SelectorNotTrained as exc:
                 waiting = exc.problem
                 break
-        report = UnitReport(unit.label, time.perf_counter() - started, _cache_files(root) - before, waiting, len(unit.specs))
+        report = UnitReport(unit.label, time.perf_counter() - started, waiting, len(unit.specs))
         reports.append(report)
-        state = f"waits: {waiting}" if waiting else (f"{report.built} file(s) built" if report.built else "all reused")
+        state = f"waits: {waiting}" if waiting else "ready"
         log.info("prepared [%d/%d] %s: %s (%.1fs)", number, len(units), unit.label, state, report.seconds)
     return reports
 
 
-__all__ = ["Unit", "UnitReport", "trial_unit", "prepare_units"]
+__all__ = ["Unit", "UnitReport", "trial_unit", "prepare_units", "cache_files"]

@@ -217,6 +217,9 @@ def test_the_corpus_fingerprint_follows_the_corpus_not_the_queries(tmp_path, sci
     in_memory = Collection("m", {"d": Document("d", "", "text")}, {}, {})
     assert len(in_memory.fingerprint) == 16 and in_memory.fingerprint != original.fingerprint
     # ir_datasets: collections over one corpus share it (one index for msmarco-document and its TREC-DL subsets)
-    assert (corpus_fingerprint(None, None, "msmarco-document")
-            == corpus_fingerprint(None, None, "msmarco-document/trec-dl-2019/judged")
-            != corpus_fingerprint(None, None, "beir/scifact"))
+    assert (corpus_fingerprint(None, "msmarco-document")
+            == corpus_fingerprint(None, "msmarco-document/trec-dl-2019/judged")
+            != corpus_fingerprint(None, "beir/scifact"))
+    import pickle
+
+    assert pickle.loads(pickle.dumps(held_out)).fingerprint == original.fingerprint  # a collection travels to tasks

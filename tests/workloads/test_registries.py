@@ -240,6 +240,10 @@ def test_every_trial_kind_names_its_whole_lifecycle(name):
     assert kind_of(example) is kind
     for step in (kind.requires, kind.prepare, kind.worker_inputs, kind.train, kind.test, kind.finished, kind.keep):
         assert callable(step)
+    # the orchestrator calls these steps in Ray tasks and workers with the device they run on
+    inspect.signature(kind.test).bind("checkpoint", "prepared", example, {}, device=torch.device("cpu"))
+    inspect.signature(kind.train).bind(example, "inputs", lambda metrics, checkpoint: None, device=torch.device("cpu"),
+                                       resume_from=None)
     for required in kind.requires(example):
         required_kind = kind_of(required)
         assert required_kind.key is not None, f"{required_kind.name} is required but has no identity to share"

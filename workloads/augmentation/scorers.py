@@ -27,7 +27,6 @@ from typing import Protocol
 import numpy as np
 
 from workloads.errors import InputError
-from workloads.selectors.select_and_rank import SelectAndRank
 from workloads.text.glove import load_glove, resolve_glove_path
 from workloads.text.tokens import tokenize
 
@@ -138,6 +137,10 @@ class SelectorScorer:
     def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SelectorScorer:
         if selector is None:
             raise ValueError(f"augmentation '{cls.name}' needs a trained selector")
+        # imported here, not at the top: the spec imports this registry, and every command (even
+        # `orchestrate --help`) would pay for transformers' import; this is no cycle (tests/test_layers.py)
+        from workloads.selectors.select_and_rank import SelectAndRank
+
         model = SelectAndRank.load(selector)
         model.eval()
         return cls(model)

@@ -36,6 +36,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from workloads.errors import InputError
@@ -73,6 +74,7 @@ class Collection:
     # (answer selection), in their given order (descending scores); ``first_stage: given``
     given: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     _fingerprint: str | None = field(default=None, repr=False)
+    _fingerprint_of: Callable[[], str] | None = field(default=None, repr=False)  # how a reader computes it, when asked
 
     @property
     def splits(self) -> list[str]:
@@ -117,6 +119,8 @@ class Collection:
         :func:`resolve_collection` carries its identity (:func:`collection_identity`: remembered
         per set of file sizes and times, or an ir_datasets id and version), so no process reads
         the corpus for it; one built in memory hashes its corpus's content, once."""
+        if self._fingerprint is None and self._fingerprint_of is not None:
+            self._fingerprint = self._fingerprint_of()
         if self._fingerprint is None:
             digest = hashlib.sha256()
             for doc in self.require_corpus().values():
@@ -546,9 +550,10 @@ def same_collection(first: str, second: str) -> bool:
     return first.strip("/") == second.strip("/")
 
 
-def _remembered_content_hash(local: Path, files: list[Path]) -> str:
+def _remembered_content_hash(local: Path, files: list[Path], create_cache: bool = False) -> str:
     """SHA-256 of these files' names and bytes, remembered in the cache per set of their sizes and
-    modification times: a file is read again only when it changed."""
+    modification times: a file is read again only when it changed. ``create_cache``: make the
+    cache to remember it in (a fingerprint is asked for what will be cached anyway)."""
     stats = [(str(p.relative_to(local)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     remembered = cache_dir() / "identity" / f"content-{stable_key(str(local), stats)}.json"
     if remembered.exists():
@@ -559,14 +564,14 @@ def _remembered_content_hash(local: Path, files: list[Path]) -> str:
         with open(path, "rb") as handle:
             for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
                 digest.update(block)
-    _remember(remembered, {"directory": str(local), "sha256": digest.hexdigest()})
+    _remember(remembered, {"directory": str(local), "sha256": digest.hexdigest()}, create_cache)
     return digest.hexdigest()
 
 
-def _remember(path: Path, value: dict) -> None:
-    """Write ``value`` where a cache exists (a command that only reads creates none); a read-only
-    cache is not an error: the value is computed again next time."""
-    if not cache_dir().is_dir():
+def _remember(path: Path, value: dict, create_cache: bool = False) -> None:
+    """Write ``value`` where a cache exists (a command that only reads creates none, unless
+    ``create_cache``); a read-only cache is not an error: the value is computed again next time."""
+    if not create_cache and not cache_dir().is_dir():
         return
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     try:
@@ -577,19 +582,20 @@ def _remember(path: Path, value: dict) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def corpus_fingerprint(collection: Collection, local: Path | None, ref: str) -> str:
+def corpus_fingerprint(local: Path | None, ref: str) -> str:
     """The identity of a collection's corpus alone, without reading it where it can be avoided:
     the content hash of a directory's corpus files (remembered, :func:`_remembered_content_hash`),
-    or an ir_datasets corpus's id and library version (collections that share a corpus, such as
-    msmarco-document and its TREC-DL subsets, share it, so their index is built once)."""
+    or an ir_datasets corpus's id (collections that share a corpus, such as msmarco-document and
+    its TREC-DL subsets, share it, so their index is built once; ir_datasets versions a changed
+    corpus under a new id, so a library upgrade rebuilds nothing)."""
     if local is None:
         import ir_datasets
 
-        return stable_key("ir_datasets-docs", ir_datasets.docs_parent_id(ref.strip("/")), ir_datasets.__version__)
+        return stable_key("ir_datasets-docs", ir_datasets.docs_parent_id(ref.strip("/")))
     corpus_files = [p for p in (local / "corpus.jsonl", local / "corpus.jsonl.gz") if p.is_file()]
     files = corpus_files or sorted(p for p in local.rglob("*") if p.is_file()  # WikiQA: built from all its files
                                    and not any(part.startswith(".") for part in p.relative_to(local).parts))
-    return _remembered_content_hash(local, files)[:16]
+    return _remembered_content_hash(local, files, create_cache=True)[:16]
 
 
 def collection_identity(ref: str) -> str:
@@ -642,8 +648,8 @@ def resolve_collection(ref: str) -> Collection:
     opened_as = (ref, str(local), _files_signature(local)) if local is not None else (ref.strip("/"),)
     if opened_as not in _OPENED:
         collection = _load_directory(local, ref) if local is not None else load_ir_datasets(ref)
-        if collection.corpus is not None and collection._fingerprint is None:
-            collection._fingerprint = corpus_fingerprint(collection, local, ref)
+        if collection.corpus is not None and collection._fingerprint is None:  # computed when first asked
+            collection._fingerprint_of = partial(corpus_fingerprint, local, ref)  # picklable
         _OPENED[opened_as] = collection
     return _OPENED[opened_as]
 
@@ -693,5 +699,5 @@ def _load_directory(path: Path, name: str) -> Collection:
         reference = properties["corpus"]
         relative = path / reference
         owner = resolve_collection(str(relative) if relative.is_dir() else reference)
-        collection.corpus, collection._fingerprint = owner.require_corpus(), owner.fingerprint
+        collection.corpus, collection._fingerprint_of = owner.require_corpus(), partial(getattr, owner, "fingerprint")
     return collection

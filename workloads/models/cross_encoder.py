@@ -29,7 +29,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from workloads.errors import InputError
-from workloads.tokenized import TokenizedPairs, cut_document, pad_features, tokenize_pairs, tokenized_pairs
+from workloads.tokenized import TokenizedPairs, cut_documents, pad_features, tokenize_pairs, tokenized_pairs
 
 # Per-shard progress bars and load reports (the unused pooler we drop) drown the trial's own progress.
 transformers.logging.disable_progress_bar()
@@ -149,7 +149,7 @@ class CrossEncoder(nn.Module):
         """
         if tokenized is None:
             inputs = self.tokenizer(
-                queries, [cut_document(d, self.max_length) for d in documents], truncation="longest_first",
+                queries, cut_documents(self.tokenizer, documents, self.max_length), truncation="longest_first",
                 max_length=self.max_length, padding="longest", return_tensors="pt",
             )
             return EncodedPairs(dict(inputs))

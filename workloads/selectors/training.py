@@ -186,6 +186,8 @@ class SelectorEpochs:
             if "optimizer" in state:  # absent after the last epoch: nothing left to train
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
+                if "scaler" in state:  # fp16 on GPU: the loss scale resumes where it was
+                    self.scaler.load_state_dict(state["scaler"])
             self.first_epoch = state["epoch"] + 1
             self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
         self.stopping = EarlyStopping.restored(sel.patience, state)
@@ -239,7 +241,8 @@ class SelectorEpochs:
         self.model.save(checkpoint)
         if not resumable:
             return {}
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict()}
 
     def describe(self, metrics: dict[str, float]) -> str:
         return f" (best {self.stopping.best:.4f}, {self.stopping.stale} epoch(s) without improvement)"
