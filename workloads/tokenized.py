@@ -31,6 +31,7 @@ from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, exclusive, stable_key
 
 TOKENIZED_DIR = "tokenized"
+TOKENIZE_CHUNK = 4096  # pairs tokenized and written at a time
 STORED_COLUMNS = {"input_ids": pa.int32(), "token_type_ids": pa.int8()}  # the mask is all ones: not stored
 # the tokenizer's runtime settings, not its rules: set by every call with truncation/padding
 _RUNTIME_KEYS = ("truncation", "padding")
@@ -147,15 +148,27 @@ def tokenized_pairs(queries: Sequence[str], documents: Sequence[str], tokenizer:
     if not path.exists():
         with exclusive(path):
             if not path.exists():  # another trial may have built it while this one waited
-                ids = tokenize_pairs(tokenizer, queries, documents, max_length)
-                table = pa.table({name: pa.array(values, type=pa.list_(STORED_COLUMNS[name]))
-                                  for name, values in ids.items() if name in STORED_COLUMNS})
                 with atomic_path(path, ".arrow") as tmp:
-                    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                        writer.write_table(table)
+                    _write_tokenized(tmp, tokenizer, queries, documents, max_length)
                 get_logger("tokenize").debug(f"tokenized {len(queries):,} pairs at {max_length} tokens: {path.name}")
     table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
     return TokenizedPairs(table, queries, documents)
+
+
+def _write_tokenized(path, tokenizer: PreTrainedTokenizerBase, queries: Sequence[str], documents: Sequence[str],
+                     max_length: int) -> None:
+    """Tokenize and write in chunks of :data:`TOKENIZE_CHUNK` pairs (record batches): the ids of one
+    chunk are in memory at a time, not those of a whole validation set."""
+    with pa.OSFile(str(path), "wb") as sink:
+        writer = None
+        for start in range(0, max(len(queries), 1), TOKENIZE_CHUNK):
+            ids = tokenize_pairs(tokenizer, queries[start:start + TOKENIZE_CHUNK],
+                                 documents[start:start + TOKENIZE_CHUNK], max_length)
+            batch = pa.record_batch({name: pa.array(values, type=pa.list_(STORED_COLUMNS[name]))
+                                     for name, values in ids.items() if name in STORED_COLUMNS})
+            writer = writer or pa.ipc.new_file(sink, batch.schema)
+            writer.write_batch(batch)
+        writer.close()  # (an error leaves the file in atomic_path's temporary directory, removed)
 
 
 def pad_features(tokenizer: PreTrainedTokenizerBase, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:

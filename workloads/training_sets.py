@@ -10,8 +10,9 @@ that asks for the same (collection, split, queries, k, size, seed).
 
 from __future__ import annotations
 
+import json
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from workloads.data.collections import Collection, Qrels
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
+from workloads.retrieval.first_stage import FirstStageRun
 from workloads.seeds import derived_seed
 
 Run = dict[str, dict[str, float]]
@@ -28,6 +30,7 @@ Run = dict[str, dict[str, float]]
 # Validation queries are carved with a fixed seed, independent of the trial seed, so every
 # trial of a study selects models on the same queries and never trains on them.
 VALIDATION_CARVE_SEED = 20231126
+_STATS_KEY = b"rerank_lab.triple_stats"  # a training set's TripleStats, in its Parquet schema's metadata
 
 
 @dataclass(frozen=True)
@@ -131,21 +134,26 @@ def build_training_set(
     collection: Collection,
     split: str,
     query_ids: list[str],
-    run: Run,
-    run_key: str,
+    first_stage: FirstStageRun,
     depth: int,
     size: int | str,
     seed: int,
     negatives: int = 1,
 ) -> tuple[Path, TripleStats]:
-    """The Parquet training set for these inputs, built once and then reused."""
-    key_parts = (collection.fingerprint, split, sorted(query_ids), run_key, depth, size, seed) + ((negatives,) if negatives > 1 else ())
-    key = stable_key(*key_parts)
+    """The Parquet training set for these inputs, built once and then reused: a set already
+    built is found by its key alone, without reading the first stage's run (its statistics are
+    stored with it)."""
+    key = stable_key(collection.fingerprint, split, sorted(query_ids), first_stage.key, depth, size, seed,
+                     *((negatives,) if negatives > 1 else ()))
     path = cache_dir() / "training" / f"{collection.name.replace('/', '_')}-{split}-{size}-s{seed}-{key}.parquet"
-    qrels = collection.split_qrels(split)
-    triples, stats = sample_triples(run, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
-    chosen = select_size(triples, size, f"{collection.name} {split}", 1 + negatives)
     if path.exists():
+        stored = pq.read_schema(path).metadata or {}
+        if _STATS_KEY in stored:
+            return path, TripleStats(**json.loads(stored[_STATS_KEY]))
+    qrels = collection.split_qrels(split)
+    triples, stats = sample_triples(first_stage.run, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
+    chosen = select_size(triples, size, f"{collection.name} {split}", 1 + negatives)
+    if path.exists():  # built before its statistics were stored with it
         return path, stats
     pairs = sum(2 + len(t.more_negative_ids) for t in chosen)
     get_logger("data").info(f"training set: {len(chosen)} rows ({pairs} pairs) from {stats.triples} available -> {path}")
@@ -160,6 +168,7 @@ def build_training_set(
         return out
 
     table = pa.Table.from_pylist([row(t) for t in chosen], schema=LIST_SCHEMA if negatives > 1 else TRAINING_SCHEMA)
+    table = table.replace_schema_metadata({_STATS_KEY: json.dumps(asdict(stats))})
     with atomic_path(path, ".parquet") as tmp:
         pq.write_table(table, tmp)
     return path, stats
@@ -171,14 +180,15 @@ CANDIDATE_SCHEMA = pa.schema([
 ])
 
 
-def build_candidates(collection: Collection, queries: dict[str, str], run: Run, run_key: str, depth: int) -> Path:
+def build_candidates(collection: Collection, queries: dict[str, str], first_stage: FirstStageRun, depth: int) -> Path:
     """The top-``depth`` first-stage candidates of ``queries`` with their texts, for re-ranking."""
     # the texts, not only the ids: a perturbed query set has the same ids and other texts
-    key = stable_key(collection.fingerprint, sorted(queries.items()), run_key, depth)
+    key = stable_key(collection.fingerprint, sorted(queries.items()), first_stage.key, depth)
     path = cache_dir() / "candidates" / f"{collection.name.replace('/', '_')}-top{depth}-{key}.parquet"
     if path.exists():
         return path
     rows = []
+    run = first_stage.run
     for qid in sorted(queries):
         docs = run.get(qid, {})
         for rank, doc_id in enumerate(ranked(docs)[:depth], 1):

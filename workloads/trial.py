@@ -26,7 +26,7 @@ from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.retrieval.first_stage import first_stage_run
 from workloads.selectors.kind import selector_dir, selector_trial, trained_selector
-from workloads.spec import FirstStageSpec, TrialSpec
+from workloads.spec import TrialSpec
 from workloads.training import SELECTION_METRIC, WEIGHT_METRIC, TrainingInputs
 from workloads.training_sets import build_candidates, build_training_set, capped_validation_queries, carve_validation_queries
 
@@ -43,11 +43,6 @@ class PreparedTrial:
     first_stage_validation: dict[str, float]
     first_stage_test: Evaluation
     data_stats: dict[str, int] = field(default_factory=dict)
-
-
-def _first_stage(collection: Collection, split: str, queries: dict[str, str], k: int, first_stage: FirstStageSpec):
-    run, path = first_stage_run(collection, split, queries, k, first_stage)
-    return run, path, path.stem
 
 
 def require_disjoint(collection: Collection, query_sets: dict[str, object]) -> None:
@@ -128,10 +123,9 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     require_disjoint(collection, {"train": train_ids, "validation": validation_queries,
                                   **({"test": test_queries} if same_collection else {})})
 
-    train_run, _, train_run_key = _first_stage(collection, spec.data.train_split, {q: train_queries[q] for q in train_ids},
-                                                fs.train_depth, fs)
+    train_run = first_stage_run(collection, spec.data.train_split, {q: train_queries[q] for q in train_ids}, fs.train_depth, fs)
     training_set, stats = build_training_set(
-        collection, spec.data.train_split, train_ids, train_run, train_run_key, fs.train_depth,
+        collection, spec.data.train_split, train_ids, train_run, fs.train_depth,
         spec.training_data.size, spec.training_data.seed, spec.training_data.negatives)
 
     augmentations: list[Path] = []
@@ -143,30 +137,30 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         augmentation_stats["augmentation_rows_without_sentences"] = pq.read_table(
             augmentations[0], columns=["augmented_positive"]).column(0).null_count
 
-    validation_run, validation_run_path, validation_key = _first_stage(collection, spec.data.validation_split or spec.data.train_split,
-                                                                       validation_queries, BASELINE_DEPTH, fs)
-    validation_candidates = build_candidates(collection, validation_queries, validation_run, validation_key, fs.validation_depth)
-    first_stage_validation = evaluate(validation_run, validation_qrels, collection.relevance_level).aggregate
+    validation_run = first_stage_run(collection, spec.data.validation_split or spec.data.train_split, validation_queries,
+                                     BASELINE_DEPTH, fs)
+    validation_candidates = build_candidates(collection, validation_queries, validation_run, fs.validation_depth)
+    first_stage_validation = evaluate(validation_run.run, validation_qrels, collection.relevance_level).aggregate
 
     test_fs = spec.data.test_first_stage or fs
-    test_run, test_run_path, test_key = _first_stage(test_collection, spec.data.test_split, test_queries, BASELINE_DEPTH, test_fs)
-    test_candidates = build_candidates(test_collection, test_queries, test_run, test_key, test_fs.test_depth)
+    test_run = first_stage_run(test_collection, spec.data.test_split, test_queries, BASELINE_DEPTH, test_fs)
+    test_candidates = build_candidates(test_collection, test_queries, test_run, test_fs.test_depth)
 
     return PreparedTrial(
         training=TrainingInputs(
             training_set=str(training_set),
             validation_candidates=str(validation_candidates),
-            validation_first_stage_run=str(validation_run_path),
+            validation_first_stage_run=str(validation_run.path),
             validation_qrels=validation_qrels,
             relevance_level=collection.relevance_level,
             augmentations=tuple(str(p) for p in augmentations),
         ),
         test_candidates=str(test_candidates),
-        test_first_stage_run=str(test_run_path),
+        test_first_stage_run=str(test_run.path),
         test_qrels=test_qrels,
         test_relevance_level=test_collection.relevance_level,
         first_stage_validation=first_stage_validation,
-        first_stage_test=evaluate(test_run, test_qrels, test_collection.relevance_level),
+        first_stage_test=evaluate(test_run.run, test_qrels, test_collection.relevance_level),
         data_stats={"train_queries": len(train_ids), "validation_queries": len(validation_queries),
                     "test_queries": len(test_queries), **{f"triples_{k}": v for k, v in asdict(stats).items()},
                     **augmentation_stats},

@@ -1,6 +1,7 @@
 """``orchestrate prepare``: a trial file's or a sweep's data built without training, and reused."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -56,3 +57,29 @@ def test_prepare_of_a_missing_file_is_one_line_and_exit_2(tmp_path):
     result = orchestrate(tmp_path, "prepare", str(tmp_path / "absent.yaml"))
     assert result.returncode == 2 and "absent.yaml" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_warm_preparation_reads_no_document_and_not_the_training_run(tiny_model_dir, scifact_dir, monkeypatch):
+    """What a trial's process does with everything prepared: open files by key; no document is
+    read (the corpus store counts), the training split's run is not read, nothing is split or
+    scored again."""
+    from workloads.augmentation import scorers
+    from workloads.data.docstore import DocStore
+    from workloads.kinds import kind_of
+    from workloads.retrieval import first_stage
+    from workloads.spec import TrialSpec
+
+    spec = TrialSpec.model_validate({
+        "name": "warm", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"size": 16, "seed": 31}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        "augmentation": {"method": "bm25", "k": 2}})
+    cold = kind_of(spec).prepare(spec)
+    reads, runs_read = DocStore.reads, []
+    real_read = first_stage.read_trec_run
+    monkeypatch.setattr(first_stage, "read_trec_run", lambda path: runs_read.append(path) or real_read(path))
+    monkeypatch.setattr(scorers.SentenceStatistics, "of", lambda *a: pytest.fail("computed corpus statistics again"))
+    warm = kind_of(spec).prepare(spec)
+    assert warm == cold and DocStore.reads == reads
+    assert {p.name for p in runs_read} == {Path(cold.training.validation_first_stage_run).name,
+                                          Path(cold.test_first_stage_run).name}  # the baselines' runs only

@@ -1,13 +1,14 @@
 """Augmenters: ordering by score, k_a, determinism by seed, short documents, GloVe OOV, caching."""
 
 import gzip
+import math
 import random
 
 import pyarrow.parquet as pq
 import pytest
 
-from workloads.augmentation import build_augmentation_sets, corpus_sentences, document_sentences, select_sentences
-from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer
+from workloads.augmentation import build_augmentation_sets, select_sentences, sentences_of
+from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, SentenceStatistics
 from workloads.data.collections import Collection, Document
 from workloads.errors import InputError
 from workloads.spec import AugmentationSpec
@@ -31,18 +32,20 @@ def test_sentence_splitter_is_rule_based_and_keeps_abbreviations():
 
 def test_bm25_orders_by_score_and_keeps_k():
     sentences = split_sentences(DOC)
-    scorer = BM25SentenceScorer([sentences, ["Fish swim.", "Birds fly."]])
+    scorer = BM25SentenceScorer(SentenceStatistics.of([sentences, ["Fish swim.", "Birds fly."]]))
     scores = scorer.scores("cats purring comfort", sentences, random.Random(0))
     kept = select_sentences(scores, sentences, 2)
     assert kept == ["Purring is how cats signal comfort.", "Cats are small mammals."]  # by score, not document order
     assert scores[4] == 0.0  # "Dogs bark." shares no word with the query
     # a rarer word weighs more: "purring" occurs in 1 of 2 documents, like "cats"; "fish" in the other only
-    assert scorer.idf["cats"] == scorer.idf["fish"] and "sleep" in scorer.idf
+    assert scorer.idf("cats") == scorer.idf("fish") == math.log(1 + 1.5 / 1.5)
+    assert scorer.statistics.document_frequency("sleep") == 1 and scorer.statistics.document_frequency("zebra") == 0
+    assert scorer.idf("zebra") == math.log(1 + 2.5 / 0.5)  # a word no document holds: df 0
 
 
 def test_fewer_sentences_than_k_keeps_all_ordered():
     sentences = ["Dogs bark.", "Cats purr."]
-    scorer = BM25SentenceScorer([sentences])
+    scorer = BM25SentenceScorer(SentenceStatistics.of([sentences]))
     assert select_sentences(scorer.scores("cats", sentences, random.Random(0)), sentences, 5) == ["Cats purr.", "Dogs bark."]
 
 
@@ -121,10 +124,12 @@ def test_augmentation_set_is_stored_once_and_reused(tmp_path, project_log):
     assert any("reusing" in r.getMessage() for r in project_log.records)
     [other] = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1))
     assert other != path
-    assert corpus_sentences(collection)["d3"] == ["Fish swim.", "Fish eat."]
+    assert sentences_of(collection, ["d3", "d3"]) == {"d3": ["Fish swim.", "Fish eat."]}
 
 
 def test_title_is_a_candidate_sentence_of_its_own():
+    from workloads.text.sentences import document_sentences
+
     assert document_sentences(Document("d", "Purring  cats", "Dogs bark. Fish swim.")) == ["Purring cats", "Dogs bark.", "Fish swim."]
     assert document_sentences(Document("d", "Only a title", "")) == ["Only a title"]
     assert document_sentences(Document("d", "", "")) == []

@@ -68,7 +68,7 @@ def test_trec_dl_2019_topics_and_qrels():
         ("bad_json", r"corpus.jsonl:1: not valid JSON"),
     ],
 )
-def test_bad_inputs_name_file_line_and_problem(tmp_path, case, expected):
+def test_bad_inputs_name_file_line_and_problem(tmp_path, case, expected, shared_cache):
     kwargs = {
         "qrels_columns": {"qrels_text": "q1\td1\t1\nq1 d2\n"},
         "qrels_grade": {"qrels_text": "q1\td1\t1\nq1\td2\thigh\n"},
@@ -79,7 +79,9 @@ def test_bad_inputs_name_file_line_and_problem(tmp_path, case, expected):
     if case == "bad_json":
         (root / "corpus.jsonl").write_text("{not json\n")
     with pytest.raises(InputError, match=expected):
-        load_beir_directory(root)
+        len(load_beir_directory(root).corpus)  # the corpus is read when first used: its store is built then
+    stores = shared_cache / "docstores"
+    assert not stores.is_dir() or not any(p.name.startswith(".") for p in stores.iterdir())  # nothing half-written
 
 
 def test_unknown_dataset_is_a_clear_error():

@@ -91,10 +91,13 @@ def test_every_augmentation_scorer_is_configurable_and_constructible(method, tmp
 
         selector = tmp_path / "selector"
         SelectAndRank.build(method, spec.selector, str(tiny_model_dir), 32).save(selector)
-    sentences = {"d1": ["Cats purr.", "Dogs bark."], "d2": ["Fish swim."]}
-    scorer = build_scorer(spec, sentences, selector)
+    from workloads.data.collections import Collection, Document
+
+    collection = Collection("toy", {"d1": Document("d1", "", "Cats purr. Dogs bark."), "d2": Document("d2", "", "Fish swim.")},
+                            {"q1": "cats purr"}, {"train": {"q1": {"d1": 1}}})
+    scorer = build_scorer(spec, collection, selector)
     assert scorer.name == method
-    scores = scorer.scores("cats purr", sentences["d1"], random.Random(0))
+    scores = scorer.scores("cats purr", ["Cats purr.", "Dogs bark."], random.Random(0))
     assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
 
 

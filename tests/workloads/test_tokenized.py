@@ -59,6 +59,23 @@ def test_stored_ids_give_exactly_the_tensors_of_tokenizing_on_the_fly(scifact_pa
     assert stored.features(["a new query"], ["a new document about cells"]) == [None]
 
 
+def test_a_store_is_tokenized_and_written_in_chunks_with_the_ids_of_one_call(scifact_pairs, tiny_model_dir, monkeypatch):
+    """Chunks bound the memory of tokenizing a large set; the ids are those of one call."""
+    from workloads.models.cross_encoder import CrossEncoder
+    from workloads.tokenized import tokenize_pairs, tokenized_pairs
+
+    model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=40)
+    queries, documents = scifact_pairs
+    queries = [f"in chunks: {q}" for q in queries]  # pairs no other test stored
+    whole = tokenize_pairs(model.tokenizer, queries, documents, 40)
+    monkeypatch.setattr(tokenized_module, "TOKENIZE_CHUNK", 7)
+    calls = _calls_to_tokenize(monkeypatch)
+    stored = tokenized_pairs(queries, documents, model.tokenizer, 40)
+    assert max(calls) == 7 and sum(calls) == len(queries) and stored.table.column("input_ids").num_chunks > 1
+    for feature, ids, types in zip(stored.features(queries, documents), whole["input_ids"], whole["token_type_ids"]):
+        assert feature["input_ids"] == ids and feature["token_type_ids"] == types
+
+
 def test_the_pre_tokenized_path_gives_the_same_first_batch_loss(scifact_pairs, tiny_model_dir):
     from workloads.batching import plan_epoch
     from workloads.losses import build_loss

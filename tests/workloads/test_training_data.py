@@ -6,6 +6,7 @@ import pytest
 from workloads.data.collections import resolve_collection
 from workloads.errors import InputError
 from workloads.retrieval.bm25 import retrieve
+from workloads.retrieval.first_stage import FirstStageRun
 from workloads.training_sets import build_training_set, carve_validation_queries, sample_triples, select_size
 
 RUN = {
@@ -63,10 +64,10 @@ def test_scifact_size_n_sets_real(scifact_dir):
     collection = resolve_collection(str(scifact_dir))
     train_ids, _ = carve_validation_queries(list(collection.split_queries("train")), 50, "x")
     queries = collection.split_queries("train")
-    run, run_path = retrieve(collection, {q: queries[q] for q in train_ids}, k=100)
+    _, run_path = retrieve(collection, {q: queries[q] for q in train_ids}, k=100)
     sets = {}
     for size, seed in [(100, 1), (1000, 1), (1000, 1), (1000, 2)]:
-        path, stats = build_training_set(collection, "train", train_ids, run, run_path.stem, 100, size, seed)
+        path, stats = build_training_set(collection, "train", train_ids, FirstStageRun(run_path), 100, size, seed)
         sets[(size, seed)] = (path, pq.read_table(path).to_pylist())
     assert len(sets[(100, 1)][1]) == 50 and len(sets[(1000, 1)][1]) == 500  # N counts pairs: N/2 triples
     assert sets[(1000, 1)][1][:50] == sets[(100, 1)][1]  # nested for the same seed
@@ -81,8 +82,13 @@ def test_scifact_size_n_sets_real(scifact_dir):
     # stored once and reused: asking again returns the same file untouched
     path = sets[(1000, 1)][0]
     before = path.stat().st_mtime_ns
-    again, _ = build_training_set(collection, "train", train_ids, run, run_path.stem, 100, 1000, 1)
+    unread = FirstStageRun(run_path)
+    again, again_stats = build_training_set(collection, "train", train_ids, unread, 100, 1000, 1)
     assert again == path and path.stat().st_mtime_ns == before
+    # found by its key: the run is not read again, and the statistics come stored with the set
+    assert unread._run is None and again_stats == build_training_set(collection, "train", train_ids, FirstStageRun(run_path),
+                                                                     100, 1000, 2)[1]
+    assert again_stats.triples > 500 and again_stats.queries == len(train_ids)
 
 
 def test_a_validation_cap_draws_the_same_queries_whatever_the_trial():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,11 +32,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer
-from workloads.data.collections import Collection, Document
+from workloads.data.collections import Collection, sorted_document_ids
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
 from workloads.text.glove import resolve_glove_path
-from workloads.text.sentences import SPLITTER_VERSION, split_sentences
+from workloads.text.sentences import SPLITTER_VERSION, document_sentences
 
 if TYPE_CHECKING:  # the spec imports the scorer registry: no import cycle at run time
     from workloads.spec import AugmentationSpec
@@ -50,24 +51,10 @@ AUGMENTATION_SCHEMA = pa.schema([
 _log = get_logger("augment").info
 
 
-def document_sentences(document: Document) -> list[str]:
-    """A document's candidate sentences: its title (if any), then its text's sentences."""
-    title = " ".join(document.title.split())
-    return ([title] if title else []) + split_sentences(document.text)
-
-
-def corpus_sentences(collection: Collection) -> dict[str, list[str]]:
-    """Every document split into candidate sentences, cached per collection content."""
-    path = cache_dir() / "sentences" / f"{collection.fingerprint}-v{SPLITTER_VERSION}.parquet"
-    if not path.exists():
-        started = time.perf_counter()
-        corpus = collection.require_corpus()
-        table = pa.table({"doc_id": list(corpus), "sentences": [document_sentences(d) for d in corpus.values()]})
-        with atomic_path(path, ".parquet") as tmp:
-            pq.write_table(table, tmp)
-        _log(f"split {len(corpus):,} documents into sentences in {time.perf_counter() - started:.1f}s -> {path}")
-    table = pq.read_table(path).to_pydict()
-    return dict(zip(table["doc_id"], table["sentences"]))
+def sentences_of(collection: Collection, doc_ids) -> dict[str, list[str]]:
+    """The candidate sentences of these documents only (looked up in the corpus's store): a
+    trial splits the documents its training set uses, never the whole corpus."""
+    return {doc_id: document_sentences(collection.document(doc_id)) for doc_id in sorted(set(doc_ids))}
 
 
 def select_sentences(scores: list[float], sentences: list[str], k: int) -> list[str]:
@@ -76,10 +63,10 @@ def select_sentences(scores: list[float], sentences: list[str], k: int) -> list[
     return [sentences[i] for i in order[:k]]
 
 
-def build_scorer(spec: AugmentationSpec, sentences: dict[str, list[str]], selector: Path | None = None) -> SentenceScorer:
+def build_scorer(spec: AugmentationSpec, collection: Collection, selector: Path | None = None) -> SentenceScorer:
     if spec.method not in SCORERS:
         raise ValueError(f"no scorer for augmentation method '{spec.method}' (known: {', '.join(SCORERS)})")
-    return SCORERS[spec.method].build(spec, sentences, selector=selector)
+    return SCORERS[spec.method].build(spec, collection, selector=selector)
 
 
 def augmentation_epochs(spec: AugmentationSpec, epochs: int) -> int:
@@ -115,11 +102,11 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
             _log(f"reusing {path}")
     if not missing:
         return paths
-    rows = pq.read_table(training_set).to_pylist()
-    sentences = corpus_sentences(collection)
-    scorer = build_scorer(spec, sentences, selector)
+    rows = pq.read_table(training_set, columns=["query_id", "query", "positive_id"]).to_pylist()
+    sentences = sentences_of(collection, (row["positive_id"] for row in rows))
+    scorer = build_scorer(spec, collection, selector)
     qrels = collection.split_qrels(split)
-    doc_ids = sorted(collection.require_corpus())
+    doc_ids = sorted_document_ids(collection.require_corpus())
     for epoch, path in missing:
         started = time.perf_counter()
         out = [_augment_row(index, row, epoch, spec, sentences, scorer, qrels, collection, doc_ids) for index, row in enumerate(rows)]
@@ -134,7 +121,7 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
 
 
 def _augment_row(index: int, row: dict, epoch: int, spec: AugmentationSpec, sentences: dict[str, list[str]],
-                 scorer: SentenceScorer, qrels, collection: Collection, doc_ids: list[str]) -> dict:
+                 scorer: SentenceScorer, qrels, collection: Collection, doc_ids: Sequence[str]) -> dict:
     # One generator per row and epoch: a row's draw never depends on the others (epoch 1 keeps
     # the seed it had before per-epoch draws existed).
     epoch_part = f"-e{epoch}" if epoch > 1 else ""

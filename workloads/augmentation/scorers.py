@@ -4,7 +4,7 @@
   k_a random sentences are kept, in random order;
 - ``bm25`` (AUG eq. 6): BM25(q, s) with the inverse document frequencies of the whole
   corpus (every document counts once) and sentence lengths normalised by the mean
-  sentence length of the corpus;
+  sentence length of the corpus (:class:`SentenceStatistics`, one pass per collection);
 - ``glove`` (AUG eq. 7): the dot product of the mean GloVe vectors of q and s. Words
   missing from the vocabulary are skipped; a text with no known word has no vector and its
   sentences score 0 (the scorer counts them in ``oov_texts``);
@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from workloads.errors import InputError
+from workloads.logs import get_logger
+from workloads.paths import atomic_path, cache_dir, exclusive
 from workloads.text.glove import load_glove, resolve_glove_path
+from workloads.text.sentences import SPLITTER_VERSION, document_sentences
 from workloads.text.tokens import tokenize
 
 
@@ -36,7 +41,7 @@ class SentenceScorer(Protocol):
     supervised: bool  # scores with a trained selector (``workloads.selectors``), trained first
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SentenceScorer:
+    def build(cls, spec, collection, selector: Path | None = None) -> SentenceScorer:
         """The scorer for an ``AugmentationSpec``, given every document's sentences (and, for a
         supervised method, the trained selector's directory)."""
 
@@ -48,19 +53,29 @@ class RandomScorer:
     supervised = False
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> RandomScorer:
+    def build(cls, spec, collection, selector: Path | None = None) -> RandomScorer:
         return cls()
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
         return [rng.random() for _ in sentences]
 
 
-class BM25SentenceScorer:
-    name = "bm25"
-    supervised = False
+class SentenceStatistics:
+    """What the ``bm25`` scorer needs of a whole corpus: how many documents hold each word
+    (every document once, over its candidate sentences), and its counts of documents,
+    sentences and tokens. Computed in one pass over the corpus and stored once per collection
+    (:func:`corpus_sentence_statistics`): every (size, method, k_a) reuses it. Frequencies are
+    looked up in a memory-mapped sorted word column, not a dictionary of the vocabulary (MS
+    MARCO's has millions of words), and remembered per word asked."""
 
-    def __init__(self, documents: Iterable[list[str]], k1: float = 0.9, b: float = 0.4):
-        """``documents``: each document of the corpus as its list of sentences."""
+    def __init__(self, documents: int, sentences: int, tokens: int, words: pa.Array, frequencies: pa.Array):
+        self.documents, self.sentences, self.tokens = documents, sentences, tokens
+        self._words, self._frequencies = words, frequencies
+        self._asked: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, documents: Iterable[list[str]]) -> SentenceStatistics:
+        """The statistics of ``documents``, each its list of candidate sentences."""
         document_frequency: Counter[str] = Counter()
         n_docs = sentence_count = token_count = 0
         for sentences in documents:
@@ -72,23 +87,83 @@ class BM25SentenceScorer:
                 sentence_count += 1
                 token_count += len(tokens)
             document_frequency.update(words)
-        if n_docs == 0:
-            raise InputError("bm25 augmenter", "empty corpus: no IDF to compute")
-        # Lucene's BM25 IDF: log(1 + (N - df + 0.5) / (df + 0.5)), never negative.
-        self.idf = {w: math.log(1 + (n_docs - df + 0.5) / (df + 0.5)) for w, df in document_frequency.items()}
-        self.default_idf = math.log(1 + (n_docs + 0.5) / 0.5)
-        self.mean_length = token_count / max(sentence_count, 1)
-        self.k1, self.b = k1, b
+        ordered = sorted(document_frequency)
+        return cls(n_docs, sentence_count, token_count, pa.array(ordered, pa.string()),
+                   pa.array([document_frequency[w] for w in ordered], pa.int64()))
+
+    def document_frequency(self, word: str) -> int:
+        if word not in self._asked:
+            # bisect over the sorted column (UTF-8 byte order is Python's string order)
+            low, high = 0, len(self._words)
+            while low < high:
+                middle = (low + high) // 2
+                if self._words[middle].as_py() < word:
+                    low = middle + 1
+                else:
+                    high = middle
+            found = low < len(self._words) and self._words[low].as_py() == word
+            self._asked[word] = self._frequencies[low].as_py() if found else 0
+        return self._asked[word]
+
+    def save(self, path: Path) -> None:
+        metadata = {"documents": str(self.documents), "sentences": str(self.sentences), "tokens": str(self.tokens)}
+        table = pa.table({"word": self._words, "df": self._frequencies}).replace_schema_metadata(metadata)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> BM25SentenceScorer:
-        return cls(sentences.values())
+    def load(cls, path: Path) -> SentenceStatistics:
+        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        meta = {k.decode(): int(v) for k, v in table.schema.metadata.items()}
+        return cls(meta["documents"], meta["sentences"], meta["tokens"], table.column("word").combine_chunks(),
+                   table.column("df").combine_chunks())
+
+
+def corpus_sentence_statistics(collection) -> SentenceStatistics:
+    """The corpus's :class:`SentenceStatistics`, computed in one pass once per collection content
+    and splitter version, then read from the cache."""
+    path = cache_dir() / "sentence-statistics" / f"{collection.fingerprint}-v{SPLITTER_VERSION}.arrow"
+    if not path.exists():
+        with exclusive(path):
+            if not path.exists():
+                started = time.perf_counter()
+                statistics = SentenceStatistics.of(document_sentences(d) for d in collection.require_corpus().values())
+                if statistics.documents == 0:
+                    raise InputError("bm25 augmenter", "empty corpus: no IDF to compute")
+                with atomic_path(path, ".arrow") as tmp:
+                    statistics.save(tmp)
+                get_logger("augment").info(f"sentence statistics of {statistics.documents:,} documents of "
+                                           f"{collection.name} in {time.perf_counter() - started:.1f}s -> {path}")
+    return SentenceStatistics.load(path)
+
+
+class BM25SentenceScorer:
+    name = "bm25"
+    supervised = False
+
+    def __init__(self, statistics: SentenceStatistics, k1: float = 0.9, b: float = 0.4):
+        if statistics.documents == 0:
+            raise InputError("bm25 augmenter", "empty corpus: no IDF to compute")
+        self.statistics = statistics
+        self.n_docs = statistics.documents
+        # Lucene's BM25 IDF: log(1 + (N - df + 0.5) / (df + 0.5)), never negative; a word no
+        # document holds has df 0
+        self.mean_length = statistics.tokens / max(statistics.sentences, 1)
+        self.k1, self.b = k1, b
+
+    def idf(self, word: str) -> float:
+        df = self.statistics.document_frequency(word)
+        return math.log(1 + (self.n_docs - df + 0.5) / (df + 0.5))
+
+    @classmethod
+    def build(cls, spec, collection, selector: Path | None = None) -> BM25SentenceScorer:
+        return cls(corpus_sentence_statistics(collection))
 
     def score(self, query_tokens: list[str], sentence: str) -> float:
         tokens = tokenize(sentence)
         tf = Counter(tokens)
         norm = self.k1 * (1 - self.b + self.b * len(tokens) / self.mean_length)
-        return float(sum(self.idf.get(w, self.default_idf) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
+        return float(sum(self.idf(w) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
                          for w in set(query_tokens) if w in tf))
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
@@ -105,7 +180,7 @@ class GloVeScorer:
         self.oov_texts = 0
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> GloVeScorer:
+    def build(cls, spec, collection, selector: Path | None = None) -> GloVeScorer:
         return cls(*load_glove(resolve_glove_path(spec.glove_path)))
 
     def mean_vector(self, text: str) -> np.ndarray | None:
@@ -134,7 +209,7 @@ class SelectorScorer:
         self.model = model
 
     @classmethod
-    def build(cls, spec, sentences: dict[str, list[str]], selector: Path | None = None) -> SelectorScorer:
+    def build(cls, spec, collection, selector: Path | None = None) -> SelectorScorer:
         if selector is None:
             raise ValueError(f"augmentation '{cls.name}' needs a trained selector")
         # imported here, not at the top: the spec imports this registry, and every command (even

@@ -33,14 +33,17 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import pyarrow as pa
+
+from workloads.data.docstore import STORE_VERSION, ArrowIds, DocStore, build_docstore, write_ids
 from workloads.errors import InputError
-from workloads.paths import cache_dir, data_dir, stable_key
+from workloads.paths import atomic_path, cache_dir, data_dir, stable_key
 
 Qrels = dict[str, dict[str, int]]  # query id -> doc id -> graded relevance
 
@@ -163,17 +166,51 @@ def _read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[dict]:
         raise InputError(path, f"cannot read ({exc})") from None
 
 
-def read_beir_corpus(path: Path) -> dict[str, Document]:
-    corpus: dict[str, Document] = {}
-    for number, record in enumerate(_read_jsonl(path, ("_id", "text")), 1):
-        doc_id = str(record["_id"])
-        if doc_id in corpus:
-            raise InputError(path, f"document '{doc_id}' appears twice (record {number}): which text is meant? "
-                                   "give every document one _id")
-        corpus[doc_id] = Document(doc_id, str(record.get("title") or ""), str(record["text"] or ""))
-    if not corpus:
-        raise InputError(path, "empty corpus: no documents")
-    return corpus
+def _beir_records(path: Path) -> Iterator[tuple[str, str, str]]:
+    """(doc id, title, text) of a BEIR corpus file, streamed."""
+    for record in _read_jsonl(path, ("_id", "text")):
+        yield str(record["_id"]), str(record.get("title") or ""), str(record["text"] or "")
+
+
+class BeirCorpus(Mapping[str, Document]):
+    """A local BEIR corpus, read through its store (:mod:`workloads.data.docstore`): converted from
+    the file once per content, when first read, then memory-mapped by every process. Nothing of
+    the corpus is read to open a collection, and it travels to Ray tasks as its path."""
+
+    def __init__(self, corpus_file: Path, directory: Path):
+        self.corpus_file, self.directory = Path(corpus_file), Path(directory)
+        self._docstore: DocStore | None = None
+
+    def __getstate__(self) -> dict:
+        return {"corpus_file": self.corpus_file, "directory": self.directory}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["corpus_file"], state["directory"])
+
+    def store(self) -> DocStore:
+        if self._docstore is None:
+            key = corpus_fingerprint(self.directory, str(self.directory))
+            self._docstore = build_docstore(_beir_records(self.corpus_file),
+                                            cache_dir() / "docstores" / f"{key}-v{STORE_VERSION}", self.corpus_file)
+        return self._docstore
+
+    def __getitem__(self, doc_id: str) -> Document:
+        return self.store()[doc_id]
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self.store()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.store())
+
+    def __len__(self) -> int:
+        return len(self.store())
+
+    def values(self):  # type: ignore[override]  # stream the documents in file order
+        return self.store().values()
+
+    def sorted_ids(self) -> Sequence[str]:
+        return self.store().sorted_ids()
 
 
 def read_beir_queries(path: Path) -> dict[str, str]:
@@ -265,7 +302,7 @@ def load_beir_directory(path: Path, name: str | None = None) -> Collection:
         raise InputError(path, "not a BEIR directory: no qrels/<split>.tsv")
     return Collection(
         name=name or path.name,
-        corpus=read_beir_corpus(corpus_file),
+        corpus=BeirCorpus(corpus_file, path),
         queries=read_beir_queries(queries_file),
         qrels={f.stem: read_qrels(f) for f in qrels_files},
     )
@@ -437,6 +474,22 @@ class _IrdsDocs(Mapping[str, Document]):
     def values(self):  # type: ignore[override]  # stream documents, not lookups by id
         for doc in _guarded_iter(self._ref, self._dataset.docs_iter):
             yield _irds_document(doc)
+
+    def sorted_ids(self) -> Sequence[str]:
+        """Every id in sorted order, listed once per corpus (one pass) and memory-mapped after."""
+        import ir_datasets
+
+        path = cache_dir() / "document-ids" / f"{stable_key(ir_datasets.docs_parent_id(self._ref.strip('/')))}.arrow"
+        if not path.exists():
+            with atomic_path(path, ".arrow") as tmp:
+                write_ids(pa.array(sorted(iter(self)), pa.string()), tmp)
+        return ArrowIds(path)
+
+
+def sorted_document_ids(corpus: Mapping[str, Document]) -> Sequence[str]:
+    """Every document id of ``corpus`` in sorted order, without a list of them all where the corpus
+    is a store (a local BEIR corpus, an ir_datasets docstore)."""
+    return corpus.sorted_ids() if hasattr(corpus, "sorted_ids") else sorted(corpus)
 
 
 def _guarded_iter(ref: str, make: Callable[[], Iterator]) -> Iterator:

@@ -154,7 +154,21 @@ def retrieve(
     params: BM25Params = BM25Params(),
     threads: int | None = None,
 ) -> tuple[Run, Path]:
-    """BM25 top-``k`` per query; the TREC run is cached by (corpus, queries, k, params)."""
+    """BM25 top-``k`` per query, and the path of its TREC run (:func:`retrieved_run`)."""
+    path = retrieved_run(collection, queries, k, params, threads)
+    return read_trec_run(path), path
+
+
+def retrieved_run(
+    collection: Collection,
+    queries: dict[str, str],
+    k: int = 1000,
+    params: BM25Params = BM25Params(),
+    threads: int | None = None,
+) -> Path:
+    """The TREC run of BM25's top-``k`` per query, cached by (corpus, queries, k, params):
+    retrieved only when it is not cached, and not read here (a training split's run can be
+    millions of lines; a warm preparation need not read it)."""
     if not queries:
         raise InputError(collection.name, "no queries to retrieve for")
     if k < 1:
@@ -170,7 +184,7 @@ def retrieve(
     key = stable_key(collection.fingerprint, sorted(queries.items()), k, params)
     run_path = cache_dir() / "runs" / f"bm25-{key}.trec"
     if run_path.exists():
-        return read_trec_run(run_path), run_path
+        return run_path
     started = time.perf_counter()
     _log(f"retrieving top-{k} for {len(queries):,} queries ({threads} threads)")
     with atomic_path(run_path) as tmp:
@@ -183,4 +197,4 @@ def retrieve(
             args.append("-removeQuery")
         _run_java("io.anserini.search.SearchCollection", args, "search", output=tmp)
     _log(f"retrieved in {time.perf_counter() - started:.1f}s -> {run_path}")
-    return read_trec_run(run_path), run_path
+    return run_path

@@ -9,8 +9,10 @@
   re-ranked; a query the file does not rank has no candidates (it counts 0 in evaluation,
   trec_eval ``-c``) and gives no training triple.
 
-Each returns the run of the asked queries, cut to ``k``, and the path of its TREC file in
-the cache (keyed by content), which the rest of a trial reads like BM25's.
+Each writes the run of the asked queries, cut to ``k``, as a TREC file in the cache (keyed
+by content) and returns its path; :func:`first_stage_run` hands it on as a
+:class:`FirstStageRun`, read only when something needs the rankings (a warm preparation
+finds every product of a training split's run cached and never reads it).
 """
 
 from __future__ import annotations
@@ -23,10 +25,25 @@ from workloads.data.collections import Collection
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key
-from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieve, write_trec_run
+from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieved_run, write_trec_run
 
 Run = dict[str, dict[str, float]]
-FirstStage = Callable[[Collection, str, dict[str, str], int, object], tuple[Run, Path]]
+FirstStage = Callable[[Collection, str, dict[str, str], int, object], Path]
+
+
+class FirstStageRun:
+    """A first stage's run: its TREC file in the cache (``path``; ``key``, its content key, names
+    it in the keys of what is built from it), read once when ``run`` is first asked for."""
+
+    def __init__(self, path: Path):
+        self.path, self.key = Path(path), Path(path).stem
+        self._run: Run | None = None
+
+    @property
+    def run(self) -> Run:
+        if self._run is None:
+            self._run = read_trec_run(self.path)
+        return self._run
 
 
 def _top(run: Run, queries: dict[str, str], k: int) -> Run:
@@ -38,19 +55,19 @@ def _top(run: Run, queries: dict[str, str], k: int) -> Run:
     return out
 
 
-def _cached(make: Callable[[], Run], kind: str, *key_parts: object) -> tuple[Run, Path]:
+def _cached(make: Callable[[], Run], kind: str, *key_parts: object) -> Path:
     """The run cached under these key parts; ``make`` computes it only when it is not cached."""
     path = cache_dir() / "runs" / f"{kind}-{stable_key(*key_parts)}.trec"
     if not path.exists():
         write_trec_run(make(), path, kind)
-    return read_trec_run(path), path
+    return path
 
 
-def bm25(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> tuple[Run, Path]:
-    return retrieve(collection, queries, k=k, params=BM25Params(k1=spec.k1, b=spec.b))
+def bm25(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
+    return retrieved_run(collection, queries, k=k, params=BM25Params(k1=spec.k1, b=spec.b))
 
 
-def given(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> tuple[Run, Path]:
+def given(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
     lists = collection.given_candidates(split)
     missing = [q for q in queries if q not in lists]
     if missing:
@@ -59,7 +76,7 @@ def given(collection: Collection, split: str, queries: dict[str, str], k: int, s
     return _cached(lambda: _top(lists, queries, k), "given", collection.fingerprint, split, sorted(queries), k)
 
 
-def run_file(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> tuple[Run, Path]:
+def run_file(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
     path = Path(spec.path).expanduser()
     if not path.is_file():
         raise InputError(spec.path, "first_stage path: no such run file")
@@ -86,11 +103,11 @@ def _file_digest(path: Path) -> str:
 FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "given": given, "run": run_file}
 
 
-def first_stage_run(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> tuple[Run, Path]:
+def first_stage_run(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> FirstStageRun:
     """The candidates of ``queries`` (from ``split`` of ``collection``) under ``spec`` (a FirstStageSpec)."""
     if not queries:
         raise InputError(collection.name, f"no queries in split '{split}'")
-    return FIRST_STAGES[spec.method](collection, split, queries, k, spec)
+    return FirstStageRun(FIRST_STAGES[spec.method](collection, split, queries, k, spec))
 
 
-__all__ = ["FIRST_STAGES", "first_stage_run"]
+__all__ = ["FIRST_STAGES", "FirstStageRun", "first_stage_run"]

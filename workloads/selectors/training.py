@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import get_constant_schedule_with_warmup
 
-from workloads.augmentation import corpus_sentences
+from workloads.augmentation import sentences_of
 from workloads.batching import triples_to_batch
 from workloads.data.collections import resolve_collection
 from workloads.evaluation import evaluate
@@ -77,10 +77,9 @@ def _sentence_file(collection, paths: list[str]) -> str:
             for column in ("positive_id", "negative_id", "doc_id"):
                 if column in table.column_names:
                     needed.update(table.column(column).to_pylist())
-        every = corpus_sentences(collection)
-        ids = sorted(needed)
+        sentences = sentences_of(collection, needed)
         with atomic_path(path, ".parquet") as tmp:
-            pq.write_table(pa.table({"doc_id": ids, "sentences": [every[d] for d in ids]}), tmp)
+            pq.write_table(pa.table({"doc_id": list(sentences), "sentences": list(sentences.values())}), tmp)
     return str(path)
 
 

@@ -39,3 +39,11 @@ def split_sentences(text: str) -> list[str]:
     if tail:
         sentences.append(tail)
     return sentences
+
+
+def document_sentences(document) -> list[str]:
+    """A document's candidate sentences (augmentation, selectors): its title (if any, one
+    sentence of its own), then its text's sentences. ``document``: anything with ``title`` and
+    ``text`` (:class:`workloads.data.collections.Document`)."""
+    title = " ".join(document.title.split())
+    return ([title] if title else []) + split_sentences(document.text)
