@@ -8,6 +8,7 @@ The orchestrator calls :func:`prepare_trial` on the driver, runs
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,12 +20,13 @@ from workloads.augmentation import build_augmentation_sets
 from workloads.augmentation.scorers import SUPERVISED_METHODS
 from workloads.data.collections import Collection, Qrels, resolve_collection
 from workloads.errors import InputError
-from workloads.evaluation import Evaluation, evaluate
+from workloads.evaluation import MEASURES, Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder, require_compiler, require_model_available
+from workloads.paths import atomic_path, cache_dir, stable_key
 from workloads.perturbations import perturb_queries
 from workloads.reranking import Reranking, rerank_and_evaluate
 from workloads.retrieval.bm25 import read_trec_run
-from workloads.retrieval.first_stage import first_stage_run
+from workloads.retrieval.first_stage import FirstStageRun, first_stage_run
 from workloads.selectors.kind import selector_dir, selector_trial, trained_selector
 from workloads.spec import TrialSpec
 from workloads.training import SELECTION_METRIC, WEIGHT_METRIC, TrainingInputs
@@ -43,6 +45,19 @@ class PreparedTrial:
     first_stage_validation: dict[str, float]
     first_stage_test: Evaluation
     data_stats: dict[str, int] = field(default_factory=dict)
+
+
+def first_stage_evaluation(first_stage: FirstStageRun, qrels: Qrels, relevance_level: int) -> Evaluation:
+    """The first stage's evaluation on these judgements, computed once and stored (JSON keeps every
+    float exactly): a warm preparation reads neither the run nor ir_measures again."""
+    judged = sorted((q, sorted(docs.items())) for q, docs in qrels.items())
+    path = cache_dir() / "evaluations" / f"{first_stage.key}-{stable_key(judged, relevance_level, sorted(MEASURES.items()))}.json"
+    if path.exists():
+        return Evaluation(**json.loads(path.read_text()))
+    evaluation = evaluate(first_stage.run, qrels, relevance_level)
+    with atomic_path(path, ".json") as tmp:
+        tmp.write_text(json.dumps(asdict(evaluation)))
+    return evaluation
 
 
 def require_disjoint(collection: Collection, query_sets: dict[str, object]) -> None:
@@ -140,7 +155,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     validation_run = first_stage_run(collection, spec.data.validation_split or spec.data.train_split, validation_queries,
                                      BASELINE_DEPTH, fs)
     validation_candidates = build_candidates(collection, validation_queries, validation_run, fs.validation_depth)
-    first_stage_validation = evaluate(validation_run.run, validation_qrels, collection.relevance_level).aggregate
+    first_stage_validation = first_stage_evaluation(validation_run, validation_qrels, collection.relevance_level).aggregate
 
     test_fs = spec.data.test_first_stage or fs
     test_run = first_stage_run(test_collection, spec.data.test_split, test_queries, BASELINE_DEPTH, test_fs)
@@ -160,7 +175,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         test_qrels=test_qrels,
         test_relevance_level=test_collection.relevance_level,
         first_stage_validation=first_stage_validation,
-        first_stage_test=evaluate(test_run.run, test_qrels, test_collection.relevance_level),
+        first_stage_test=first_stage_evaluation(test_run, test_qrels, test_collection.relevance_level),
         data_stats={"train_queries": len(train_ids), "validation_queries": len(validation_queries),
                     "test_queries": len(test_queries), **{f"triples_{k}": v for k, v in asdict(stats).items()},
                     **augmentation_stats},
