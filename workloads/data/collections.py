@@ -42,22 +42,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from workloads.data.docstore import STORE_VERSION, ArrowIds, DocStore, build_docstore, write_ids
+from workloads.data.document import Document
 from workloads.errors import InputError
 from workloads.paths import atomic_path, cache_dir, data_dir, stable_key
 
 Qrels = dict[str, dict[str, int]]  # query id -> doc id -> graded relevance
-
-
-@dataclass(frozen=True)
-class Document:
-    doc_id: str
-    title: str
-    text: str
-
-    @property
-    def contents(self) -> str:
-        """The "flat" text that BM25 indexes and the cross-encoder reads: title + text."""
-        return f"{self.title} {self.text}" if self.title else self.text
 
 
 @dataclass

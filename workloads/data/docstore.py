@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from workloads.data.document import Document
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, exclusive
@@ -89,8 +90,6 @@ class DocStore(Mapping):
         return self._batch(row // BATCH_ROWS).column(column)[row % BATCH_ROWS].as_py()
 
     def __getitem__(self, doc_id: str):
-        from workloads.data.collections import Document
-
         row = self._row(doc_id)
         if row is None:
             raise KeyError(doc_id)
@@ -111,8 +110,6 @@ class DocStore(Mapping):
             yield from reader.get_batch(index).column(0).to_pylist()
 
     def values(self):  # type: ignore[override]  # stream the documents in file order
-        from workloads.data.collections import Document
-
         reader = self._open()[0]
         for index in range(reader.num_record_batches):
             batch = reader.get_batch(index)
