@@ -43,6 +43,11 @@ class FirstStageSpec(_Strict):
     path: str | None = Field(default=None, description="run: the TREC run file ranking train, validation and test queries")
     k1: float = Field(default=0.9, gt=0)
     b: float = Field(default=0.4, ge=0, le=1)
+    index: str = Field(
+        default="build", min_length=1,
+        description="bm25: build (index the corpus here, once per content), prebuilt (Pyserini's prebuilt index of "
+                    "the collection: msmarco-v1-doc for msmarco-document, beir-v1.0.0-<name>.flat for beir/<name>; "
+                    "downloaded once), or the name of a Pyserini prebuilt index")
     train_depth: int = Field(default=100, ge=2, description="top-k of training queries that negatives are drawn from")
     validation_depth: int = Field(default=100, ge=1, description="top-k re-ranked for validation")
     test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (100, as the method specifies)")
@@ -55,6 +60,8 @@ class FirstStageSpec(_Strict):
             raise ValueError(f"path has no effect with method '{self.method}'")
         if self.method != "bm25" and (self.k1, self.b) != (type(self).model_fields["k1"].default, type(self).model_fields["b"].default):
             raise ValueError(f"k1 and b belong to bm25, not to method '{self.method}'")
+        if self.method != "bm25" and self.index != "build":
+            raise ValueError(f"index belongs to bm25, not to method '{self.method}'")
         return self
 
 

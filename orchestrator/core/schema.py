@@ -205,11 +205,17 @@ SEEDS_VERSION = "seeds-v2"
 _ALWAYS_KEYED_LOSS_PARAMETERS = frozenset({"margin", "lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"})
 
 
+def _added_first_stage_fields(first_stage) -> dict:
+    """First-stage fields at the value they reproduce, added after trials were first keyed."""
+    return {**({"path": True} if first_stage.path is None else {}),  # added with the run-file first stage
+            **({"index": True} if first_stage.index == "build" else {})}  # added with prebuilt indexes
+
+
 def trial_key(spec: TrialSpec) -> str:
     """Identity of a trial's result: everything that changes it (its name and resources do not).
 
     A section or field at the value that reproduces earlier behaviour is left out when it
-    was added after trials were first keyed (``reranking``, ``first_stage.path``,
+    was added after trials were first keyed (``reranking``, ``first_stage.path`` and ``index``,
     ``data.test_perturbation``, ``test_first_stage`` and ``validation_cap``, ``robustness``, ``training_data.negatives``,
     ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
     ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
@@ -226,10 +232,11 @@ def trial_key(spec: TrialSpec) -> str:
     if any(getattr(loss, f) != value for f, value in unread.items()):
         spec = spec.model_copy(update={"loss": loss.model_copy(update=unread)})
     exclude: dict = {"name": True, "resources": True}
-    if spec.first_stage.path is None:
-        exclude["first_stage"] = {"path"}  # added with the run-file first stage
-    exclude["data"] = {f for f in ("test_perturbation", "test_first_stage", "validation_cap")
+    exclude["first_stage"] = _added_first_stage_fields(spec.first_stage)
+    exclude["data"] = {f: True for f in ("test_perturbation", "test_first_stage", "validation_cap")
                        if getattr(spec.data, f) is None}  # added later
+    if spec.data.test_first_stage is not None:
+        exclude["data"]["test_first_stage"] = _added_first_stage_fields(spec.data.test_first_stage)
     if not spec.robustness:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:

@@ -178,6 +178,13 @@ def test_trial_keys_of_losses_tracked_before_the_new_readings_are_unchanged():
     augmented = {**base, "augmentation": {"method": "bm25"}}
     assert trial_key(TrialSpec.model_validate(augmented)) == trial_key(
         TrialSpec.model_validate({**augmented, "augmentation": {"method": "bm25", "redraw": "once"}}))
+    # first_stage.index at its default (build) keeps every key, a test collection's own first stage's too
+    assert trial_key(TrialSpec.model_validate(base)) == "761b677795444a3d"
+    zero_shot = {**base, "data": {"collection": "beir/scifact", "test_collection": "wikiqa", "test_split": "test",
+                                  "test_first_stage": {"method": "given", "test_depth": 30}}}
+    assert trial_key(TrialSpec.model_validate(zero_shot)) == "ff23a7bac033ebaa"
+    prebuilt = TrialSpec.model_validate({**base, "first_stage": {"index": "prebuilt"}})
+    assert trial_key(prebuilt) != trial_key(TrialSpec.model_validate(base))
     two_epochs = {**augmented, "optimization": {"epochs": 2}}
     assert trial_key(TrialSpec.model_validate(two_epochs)) != trial_key(
         TrialSpec.model_validate({**two_epochs, "augmentation": {"method": "bm25", "redraw": "once"}}))

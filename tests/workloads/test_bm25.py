@@ -44,3 +44,27 @@ def test_query_id_excluded_from_its_own_hits(tmp_path):
     dropped, _ = retrieve(collection, {"q1": "apples pears"}, k=10)
     assert "q1" in kept["q1"] and "q1" not in dropped["q1"]
     assert set(dropped["q1"]) == {"d2", "d3"}
+
+
+def test_a_prebuilt_index_is_chosen_for_its_collection_and_offline_is_one_line(monkeypatch, scifact_dir):
+    """Pyserini's prebuilt indexes (MS MARCO document: 3.2M documents not indexed here): the name
+    each collection maps to, and, where the download fails, one error naming the index. The JVM is
+    pointed at a proxy nothing listens on, so the download fails even where there is a network."""
+    from workloads.data.collections import resolve_collection
+    from workloads.errors import InputError
+    from workloads.retrieval.bm25 import prebuilt_index_name, retrieved_run
+    from workloads.spec import FirstStageSpec
+
+    assert prebuilt_index_name("msmarco-document/trec-dl-2019/judged") == prebuilt_index_name("msmarco-document") == "msmarco-v1-doc"
+    assert prebuilt_index_name("beir/scifact") == "beir-v1.0.0-scifact.flat"
+    assert prebuilt_index_name("disks45/nocr/trec-robust-2004") == "robust04"
+    assert prebuilt_index_name("beir/cqadupstack/android") == "beir-v1.0.0-cqadupstack-android.flat"
+    with pytest.raises(InputError, match="no Pyserini prebuilt index is known"):
+        prebuilt_index_name("/data/my-collection")
+    with pytest.raises(ValueError, match="index belongs to bm25"):
+        FirstStageSpec(method="given", index="prebuilt")
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Dhttps.proxyHost=127.0.0.1 -Dhttps.proxyPort=9 -Dhttp.proxyHost=127.0.0.1 "
+                                            "-Dhttp.proxyPort=9")
+    collection = resolve_collection("beir/scifact")
+    with pytest.raises(InputError, match=r"prebuilt index beir-v1.0.0-scifact.flat: could not be downloaded .*index: build"):
+        retrieved_run(collection, {"q": "cells"}, k=10, index="prebuilt")

@@ -55,14 +55,20 @@ def anserini_jar() -> Path:
     return jars[-1]
 
 
-def _run_java(main_class: str, args: list[str], what: str, output: Path | None = None) -> None:
+def _run_java(main_class: str, args: list[str], what: str, output: Path | None = None,
+              downloading: str | None = None) -> None:
     """Run an Anserini entry point. Anserini reports some failures only in its output and exits
-    0 ("Unable to load topic reader"): a run that wrote no ``output`` failed too."""
+    0 ("Unable to load topic reader"): a run that wrote no ``output`` failed too. ``downloading``:
+    the prebuilt index Anserini fetches first, named in the error when that fails."""
     java, env = _java()
     cmd = [java, "-cp", str(anserini_jar()), main_class, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or (output is not None and not output.exists()):
         lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
+        failed = [line.split(" - ", 1)[-1] for line in lines if "Download failed" in line]
+        if downloading and failed:
+            raise InputError(f"prebuilt index {downloading}", f"could not be downloaded ({failed[-1]}): offline, give "
+                                                              "first_stage.index: build to index the corpus here")
         problems = [line for line in lines if any(w in line for w in ("Unable", "Exception", "Error", "error"))] or lines
         # One line, as for any bad input: what Anserini refuses is the data or index it was given.
         raise InputError(f"Anserini {what}", f"failed (exit {proc.returncode}): {' | '.join(problems[-3:])}")
@@ -147,15 +153,37 @@ def write_trec_run(run: Run, path: Path, tag: str) -> None:
                 out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
 
 
+BUILD, PREBUILT = "build", "prebuilt"
+
+
+def prebuilt_index_name(reference: str) -> str:
+    """Pyserini's prebuilt BM25 index of a collection: ``msmarco-v1-doc`` for MS MARCO document
+    and every collection over its corpus (the TREC-DL topics), ``msmarco-v1-passage`` likewise,
+    ``robust04`` for TREC Disks 4 and 5 (``disks45/nocr/...``), ``beir-v1.0.0-<name>.flat`` for
+    ``beir/<name>`` (BEIR's "flat" indexes: title and text as one field, what :func:`build_index`
+    builds)."""
+    name = reference.strip("/")
+    for prefix, index in (("msmarco-document", "msmarco-v1-doc"), ("msmarco-passage", "msmarco-v1-passage"),
+                          ("disks45/nocr", "robust04")):
+        if name == prefix or name.startswith(prefix + "/"):
+            return index
+    if name.startswith("beir/"):
+        return f"beir-v1.0.0-{name.removeprefix('beir/').replace('/', '-')}.flat"
+    raise InputError(reference, "no Pyserini prebuilt index is known for this collection (msmarco-document, "
+                                "msmarco-passage, disks45/nocr and beir/<name> have one): give first_stage.index: build, or a "
+                                "prebuilt index's name")
+
+
 def retrieve(
     collection: Collection,
     queries: dict[str, str],
     k: int = 1000,
     params: BM25Params = BM25Params(),
     threads: int | None = None,
+    index: str = BUILD,
 ) -> tuple[Run, Path]:
     """BM25 top-``k`` per query, and the path of its TREC run (:func:`retrieved_run`)."""
-    path = retrieved_run(collection, queries, k, params, threads)
+    path = retrieved_run(collection, queries, k, params, threads, index)
     return read_trec_run(path), path
 
 
@@ -165,10 +193,14 @@ def retrieved_run(
     k: int = 1000,
     params: BM25Params = BM25Params(),
     threads: int | None = None,
+    index: str = BUILD,
 ) -> Path:
-    """The TREC run of BM25's top-``k`` per query, cached by (corpus, queries, k, params):
+    """The TREC run of BM25's top-``k`` per query, cached by (corpus, queries, k, params, index):
     retrieved only when it is not cached, and not read here (a training split's run can be
-    millions of lines; a warm preparation need not read it)."""
+    millions of lines; a warm preparation need not read it). ``index``: ``build`` (the corpus
+    indexed here, :func:`build_index`), ``prebuilt`` (:func:`prebuilt_index_name`) or a Pyserini
+    prebuilt index's name, which Anserini downloads once into Pyserini's cache
+    (``~/.cache/pyserini/indexes``); offline, that is one clear error."""
     if not queries:
         raise InputError(collection.name, "no queries to retrieve for")
     if k < 1:
@@ -179,9 +211,10 @@ def retrieved_run(
     if empty:
         raise InputError(collection.name, f"{len(empty)} queries have no text (e.g. '{empty[0]}'): BM25 cannot search "
                                           "for them; remove them from the split or give them text")
-    index_dir = build_index(collection, threads=threads)
+    prebuilt = None if index == BUILD else prebuilt_index_name(collection.name) if index == PREBUILT else index
+    index_path = prebuilt or str(build_index(collection, threads=threads) / "lucene")
     threads = threads or available_cpus()  # every CPU the process was given: the ranking is the same
-    key = stable_key(collection.fingerprint, sorted(queries.items()), k, params)
+    key = stable_key(collection.fingerprint, sorted(queries.items()), k, params, *((PREBUILT, prebuilt) if prebuilt else ()))
     run_path = cache_dir() / "runs" / f"bm25-{key}.trec"
     if run_path.exists():
         return run_path
@@ -190,11 +223,11 @@ def retrieved_run(
     with atomic_path(run_path) as tmp:
         topics = tmp.parent / "topics.tsv"
         _write_topics(queries, topics)
-        args = ["-index", str(index_dir / "lucene"), "-topics", str(topics), "-topicReader", "TsvString",
+        args = ["-index", index_path, "-topics", str(topics), "-topicReader", "TsvString",
                 "-output", str(tmp), "-bm25", "-bm25.k1", str(params.k1), "-bm25.b", str(params.b),
                 "-hits", str(k), "-threads", str(threads)]
         if params.exclude_query_id:
             args.append("-removeQuery")
-        _run_java("io.anserini.search.SearchCollection", args, "search", output=tmp)
+        _run_java("io.anserini.search.SearchCollection", args, "search", output=tmp, downloading=prebuilt)
     _log(f"retrieved in {time.perf_counter() - started:.1f}s -> {run_path}")
     return run_path

@@ -2,7 +2,8 @@
 
 ``FIRST_STAGES`` is the registry, keyed by ``first_stage.method``:
 
-- ``bm25``: Pyserini BM25 over the corpus (:mod:`workloads.retrieval.bm25`; the default);
+- ``bm25``: Pyserini BM25 over the corpus (:mod:`workloads.retrieval.bm25`; the default),
+  indexed here or, with ``index: prebuilt``, Pyserini's prebuilt index of the collection;
 - ``given``: the candidate lists a collection ships (answer selection, e.g. WikiQA), in
   their given order (:attr:`workloads.data.collections.Collection.given`);
 - ``run``: any TREC run file (``first_stage.path``), e.g. the official top-100 runs AUG
@@ -64,7 +65,7 @@ def _cached(make: Callable[[], Run], kind: str, *key_parts: object) -> Path:
 
 
 def bm25(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
-    return retrieved_run(collection, queries, k=k, params=BM25Params(k1=spec.k1, b=spec.b))
+    return retrieved_run(collection, queries, k=k, params=BM25Params(k1=spec.k1, b=spec.b), index=spec.index)
 
 
 def given(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
