@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from workloads.data.collections import Collection, Qrels
+from workloads.data.tables import write_rows
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
@@ -167,10 +168,9 @@ def build_training_set(
             out |= {"negative_ids": ids, "negatives": [collection.document(d).contents for d in ids]}
         return out
 
-    table = pa.Table.from_pylist([row(t) for t in chosen], schema=LIST_SCHEMA if negatives > 1 else TRAINING_SCHEMA)
-    table = table.replace_schema_metadata({_STATS_KEY: json.dumps(asdict(stats))})
+    schema = (LIST_SCHEMA if negatives > 1 else TRAINING_SCHEMA).with_metadata({_STATS_KEY: json.dumps(asdict(stats))})
     with atomic_path(path, ".parquet") as tmp:
-        pq.write_table(table, tmp)
+        write_rows(tmp, schema, (row(t) for t in chosen))
     return path, stats
 
 
@@ -187,16 +187,16 @@ def build_candidates(collection: Collection, queries: dict[str, str], first_stag
     path = cache_dir() / "candidates" / f"{collection.name.replace('/', '_')}-top{depth}-{key}.parquet"
     if path.exists():
         return path
-    rows = []
     run = first_stage.run
-    for qid in sorted(queries):
-        docs = run.get(qid, {})
-        for rank, doc_id in enumerate(ranked(docs)[:depth], 1):
-            rows.append({
-                "query_id": qid, "query": queries[qid], "doc_id": doc_id,
-                "doc": collection.document(doc_id).contents, "first_stage_rank": rank,
-                "first_stage_score": docs[doc_id],
-            })
+
+    def rows():
+        for qid in sorted(queries):
+            docs = run.get(qid, {})
+            for rank, doc_id in enumerate(ranked(docs)[:depth], 1):
+                yield {"query_id": qid, "query": queries[qid], "doc_id": doc_id,
+                       "doc": collection.document(doc_id).contents, "first_stage_rank": rank,
+                       "first_stage_score": docs[doc_id]}
+
     with atomic_path(path, ".parquet") as tmp:
-        pq.write_table(pa.Table.from_pylist(rows, schema=CANDIDATE_SCHEMA), tmp)
+        write_rows(tmp, CANDIDATE_SCHEMA, rows())
     return path

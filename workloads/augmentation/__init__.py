@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer
 from workloads.data.collections import Collection, sorted_document_ids
+from workloads.data.tables import write_rows
 from workloads.logs import get_logger
 from workloads.paths import atomic_path, cache_dir, stable_key
 from workloads.text.glove import resolve_glove_path
@@ -108,14 +109,19 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
     qrels = collection.split_qrels(split)
     doc_ids = sorted_document_ids(collection.require_corpus())
     for epoch, path in missing:
-        started = time.perf_counter()
-        out = [_augment_row(index, row, epoch, spec, sentences, scorer, qrels, collection, doc_ids) for index, row in enumerate(rows)]
-        with atomic_path(path, ".parquet") as tmp:
-            pq.write_table(pa.Table.from_pylist(out, schema=AUGMENTATION_SCHEMA), tmp)
+        started, empty = time.perf_counter(), [0]
+
+        def augmented(epoch=epoch, empty=empty):
+            for index, row in enumerate(rows):
+                out = _augment_row(index, row, epoch, spec, sentences, scorer, qrels, collection, doc_ids)
+                empty[0] += out["augmented_positive"] is None
+                yield out
+
+        with atomic_path(path, ".parquet") as tmp:  # written as it is made: the negatives' texts are whole documents
+            written = write_rows(tmp, AUGMENTATION_SCHEMA, augmented())
         oov = f", {scorer.oov_texts} texts without a known GloVe word" if isinstance(scorer, GloVeScorer) else ""
-        empty = sum(1 for r in out if r["augmented_positive"] is None)
-        dropped = f", {empty} rows without any sentence (no augmented pair)" if empty else ""
-        _log(f"{spec.method} k_a={spec.k} epoch {epoch}: {len(out)} rows in {time.perf_counter() - started:.1f}s"
+        dropped = f", {empty[0]} rows without any sentence (no augmented pair)" if empty[0] else ""
+        _log(f"{spec.method} k_a={spec.k} epoch {epoch}: {written} rows in {time.perf_counter() - started:.1f}s"
              f"{oov}{dropped} -> {path}")
     return paths
 

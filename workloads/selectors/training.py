@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 import torch
 from transformers import get_constant_schedule_with_warmup
 
-from workloads.augmentation import sentences_of
 from workloads.batching import triples_to_batch
 from workloads.data.collections import resolve_collection
+from workloads.data.tables import write_rows
 from workloads.evaluation import evaluate
 from workloads.logs import get_logger, progress_bar
 from workloads.losses import ModelOutputs, PairLoss, build_ranking_loss
@@ -39,7 +39,7 @@ from workloads.reranking import Reranking, merge_with_first_stage
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.selectors.kind import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
 from workloads.selectors.select_and_rank import SelectAndRank
-from workloads.text.sentences import SPLITTER_VERSION
+from workloads.text.sentences import SPLITTER_VERSION, document_sentences
 from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
 from workloads.training.step import adamw, checked_step
 from workloads.trial import PreparedTrial, prepare_trial
@@ -66,20 +66,22 @@ class PreparedSelector:
     trial: PreparedTrial  # the same data as the plain re-ranking trial (test candidates, BM25 baselines)
 
 
+SENTENCES_SCHEMA = pa.schema([("doc_id", pa.string()), ("sentences", pa.list_(pa.string()))])
+
+
 def _sentence_file(collection, paths: list[str]) -> str:
     """The candidate sentences of every document in these Parquet files (training set or
     candidates), cached: workers load these, not the whole corpus's."""
     path = cache_dir() / "selector-sentences" / f"{stable_key(*[Path(p).name for p in paths], SPLITTER_VERSION)}.parquet"
     if not path.exists():
         needed: set[str] = set()
-        for file in paths:
-            table = pq.read_table(file)
-            for column in ("positive_id", "negative_id", "doc_id"):
-                if column in table.column_names:
-                    needed.update(table.column(column).to_pylist())
-        sentences = sentences_of(collection, needed)
+        for file in paths:  # the id columns only: the texts are the corpus's, looked up per document
+            columns = [c for c in ("positive_id", "negative_id", "doc_id") if c in pq.read_schema(file).names]
+            for column in pq.read_table(file, columns=columns).columns:
+                needed.update(column.to_pylist())
+        rows = ({"doc_id": d, "sentences": document_sentences(collection.document(d))} for d in sorted(needed))
         with atomic_path(path, ".parquet") as tmp:
-            pq.write_table(pa.table({"doc_id": list(sentences), "sentences": list(sentences.values())}), tmp)
+            write_rows(tmp, SENTENCES_SCHEMA, rows)
     return str(path)
 
 
