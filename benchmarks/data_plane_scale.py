@@ -9,8 +9,9 @@ Per size: a collection from ``synthetic_collection.py`` (the same 6,000 train, 1
 pointwise + SCL; bm25, glove, linear and attention augmentation with k_a = 3; sizes 100,
 1,000 and 10,000 pairs; validation capped at 500 dev queries at depth 100; SciFact as a
 zero-shot target), prepared in an empty cache (cold) and again (warm). Measured per command:
-wall and CPU seconds, the peak RSS of every process it started (sampled from /proc, Python
-and the Lucene JVM apart), and the time of each step its log reports (the corpus store, the
+wall and CPU seconds, the peak RSS of every process it started (sampled from /proc every
+0.2 s: Python and the Lucene JVM apart, anonymous memory apart from mapped files' pages,
+which the kernel drops under pressure), and the time of each step its log reports (the corpus store, the
 index, retrieval, sentence statistics, training and augmentation sets). Then one cell's
 trial preparation, warm, in a fresh process: what a Tune trial pays before training.
 
@@ -65,11 +66,13 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _rss(pid: int) -> tuple[str, int] | None:
+def _rss(pid: int) -> tuple[str, int, int] | None:
+    """(name, anonymous RSS, file-backed RSS) of a process: memory-mapped files the kernel can drop
+    (the corpus store, token ids) count apart from memory the process holds."""
     try:
         with open(f"/proc/{pid}/status") as handle:
             fields = dict(line.split(":", 1) for line in handle if ":" in line)
-        return fields["Name"].strip(), int(fields["VmRSS"].split()[0]) * 1024
+        return fields["Name"].strip(), int(fields["RssAnon"].split()[0]) * 1024, int(fields["RssFile"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return None
 
@@ -89,6 +92,7 @@ def measure(command: list[str], env: dict, log: Path) -> dict:
                     if found:
                         name = "java" if "java" in found[0] else "python" if "python" in found[0] else found[0]
                         peaks[name] = max(peaks.get(name, 0), found[1])
+                        peaks[f"{name} mapped files"] = max(peaks.get(f"{name} mapped files", 0), found[2])
                 done.wait(0.2)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -140,7 +144,8 @@ cells = [c for c in expand_grid(sweep) if c.spec.augmentation.method == "bm25" a
 imported = time.perf_counter()
 kind_of(cells[0].spec).prepare(cells[0].spec)
 print({"seconds": round(time.perf_counter() - imported, 2), "with_imports_s": round(time.perf_counter() - started, 2),
-       "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2), "documents_read": DocStore.reads})
+       "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2), "documents_read": DocStore.reads,
+       "rss_anon_gb": round(int(open("/proc/self/status").read().split("RssAnon:")[1].split()[0]) / 2**20, 2)})
 """
 
 

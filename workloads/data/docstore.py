@@ -104,15 +104,20 @@ class DocStore(Mapping):
     def __len__(self) -> int:
         return self._open()[3]["documents"]
 
+    def _scan(self) -> Iterator[pa.RecordBatch]:
+        """Every batch in file order, read (not mapped): a scan of the whole corpus would otherwise
+        leave all of it in the process's resident pages."""
+        with pa.OSFile(str(self.directory / _DOCUMENTS)) as source:
+            reader = pa.ipc.open_file(source)
+            for index in range(reader.num_record_batches):
+                yield reader.get_batch(index)
+
     def __iter__(self) -> Iterator[str]:
-        reader = self._open()[0]
-        for index in range(reader.num_record_batches):
-            yield from reader.get_batch(index).column(0).to_pylist()
+        for batch in self._scan():
+            yield from batch.column(0).to_pylist()
 
     def values(self):  # type: ignore[override]  # stream the documents in file order
-        reader = self._open()[0]
-        for index in range(reader.num_record_batches):
-            batch = reader.get_batch(index)
+        for batch in self._scan():
             DocStore.reads += batch.num_rows
             for doc_id, title, text in zip(*(batch.column(c).to_pylist() for c in range(3))):
                 yield Document(doc_id, title, text)
