@@ -77,19 +77,22 @@ def ranked(docs: dict[str, float]) -> list[str]:
 
 
 def sample_triples(
-    run: Run, qrels: Qrels, query_ids: list[str], relevance_level: int, depth: int, seed: int, negatives: int = 1
+    run: Run | FirstStageRun, qrels: Qrels, query_ids: list[str], relevance_level: int, depth: int, seed: int,
+    negatives: int = 1,
 ) -> tuple[list[Triple], TripleStats]:
     """All (q, d+, d-) triples from the top-``depth`` of ``run``, shuffled by ``seed``; with
     ``negatives`` > 1, each positive draws that many distinct negatives (all when the query
-    has fewer)."""
+    has fewer). A :class:`FirstStageRun` is read one query at a time."""
     rng = random.Random(seed)
     per_positive = negatives
     triples: list[Triple] = []
     judged = retrieved = no_negative = 0
-    for qid in sorted(query_ids):
+    ordered = sorted(query_ids)
+    rankings = run.rankings(ordered) if isinstance(run, FirstStageRun) else ((q, run.get(q, {})) for q in ordered)
+    for qid, ranking in rankings:
         grades = qrels.get(qid, {})
         judged += sum(1 for g in grades.values() if g >= relevance_level)
-        top = ranked(run.get(qid, {}))[:depth]
+        top = ranked(ranking)[:depth]
         positives = [d for d in top if grades.get(d, 0) >= relevance_level]
         pool = [d for d in top if grades.get(d, 0) < relevance_level]
         retrieved += len(positives)
@@ -152,7 +155,7 @@ def build_training_set(
         if _STATS_KEY in stored:
             return path, TripleStats(**json.loads(stored[_STATS_KEY]))
     qrels = collection.split_qrels(split)
-    triples, stats = sample_triples(first_stage.run, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
+    triples, stats = sample_triples(first_stage, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
     chosen = select_size(triples, size, f"{collection.name} {split}", 1 + negatives)
     if path.exists():  # built before its statistics were stored with it
         return path, stats

@@ -133,3 +133,23 @@ def test_a_validation_cap_applies_to_a_validation_split_and_keys_only_when_set(t
     assert trial_key(capped) != trial_key(spec)
     with pytest.raises(ValueError, match="validation_cap caps a validation_split"):
         TrialSpec.model_validate({**base, "data": {"collection": str(root), "validation_cap": 5}})
+
+
+def test_a_run_read_one_query_at_a_time_gives_the_same_rankings_and_triples(tmp_path):
+    """A training split's run is read per query through an index of its lines (MS MARCO's is
+    36.7M lines): the same rankings as reading it whole, for a file whose queries are
+    interleaved, with blank lines, and for a query it does not rank."""
+    from workloads.retrieval.bm25 import read_trec_run
+
+    path = tmp_path / "run.trec"
+    lines = [f"q{q} Q0 d{d} {r} {10 - r + q * 0.5:.6f} t" for q in range(6) for r, d in enumerate(range(q, q + 8), 1)]
+    lines = lines[:20] + [""] + lines[40:] + lines[20:40]  # q2's lines split in two places, q5 before q2-q4
+    path.write_text("\n".join(lines) + "\n")
+    ids = [f"q{i}" for i in (3, 0, 9, 5, 2, 1, 4)]
+    whole = read_trec_run(path)
+    assert list(FirstStageRun(path).rankings(ids)) == [(q, whole.get(q, {})) for q in ids]
+    qrels = {f"q{q}": {f"d{q + 1}": 1, f"d{q + 5}": 2} for q in range(6)}
+    ids = [f"q{q}" for q in range(6)]
+    assert sample_triples(FirstStageRun(path), qrels, ids, 1, 6, seed=4) == sample_triples(whole, qrels, ids, 1, 6, seed=4)
+    assert sample_triples(FirstStageRun(path), qrels, ids, 1, 6, seed=4, negatives=3) == \
+        sample_triples(whole, qrels, ids, 1, 6, seed=4, negatives=3)

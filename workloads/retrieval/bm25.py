@@ -132,16 +132,27 @@ def read_trec_run(path: Path) -> Run:
 def _read_trec_run(path: Path, run: Run) -> Run:
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            if len(fields) != 6:
-                raise InputError(f"{path}:{line_no}", f"expected 6 columns of a TREC run (qid Q0 docid rank score tag), got {len(fields)}")
-            try:
-                run.setdefault(fields[0], {})[fields[2]] = float(fields[4])
-            except ValueError:
-                raise InputError(f"{path}:{line_no}", f"score '{fields[4]}' is not a number") from None
+            add_trec_line(run, line, path, line_no)
     return run
+
+
+def add_trec_line(run: Run, line: str, source: Path, line_no: int | None = None) -> None:
+    """Add one line of a TREC run (``qid Q0 docid rank score tag``) to ``run``; ``source`` and
+    ``line_no`` name it in errors. Blank lines are skipped."""
+    fields = line.split()
+    if not fields:
+        return
+    if len(fields) != 6:
+        raise InputError(_where(source, line_no), f"expected 6 columns of a TREC run (qid Q0 docid rank score tag), "
+                                                  f"got {len(fields)}")
+    try:
+        run.setdefault(fields[0], {})[fields[2]] = float(fields[4])
+    except ValueError:
+        raise InputError(_where(source, line_no), f"score '{fields[4]}' is not a number") from None
+
+
+def _where(source: Path, line_no: int | None) -> str:
+    return f"{source}:{line_no}" if line_no is not None else str(source)
 
 
 def write_trec_run(run: Run, path: Path, tag: str) -> None:

@@ -18,15 +18,16 @@ finds every product of a training split's run cached and never reads it).
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from workloads.data.collections import Collection
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key
-from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieved_run, write_trec_run
+from workloads.retrieval.bm25 import BM25Params, add_trec_line, read_trec_run, retrieved_run, write_trec_run
 
 Run = dict[str, dict[str, float]]
 FirstStage = Callable[[Collection, str, dict[str, str], int, object], Path]
@@ -45,6 +46,42 @@ class FirstStageRun:
         if self._run is None:
             self._run = read_trec_run(self.path)
         return self._run
+
+    def rankings(self, query_ids: Iterable[str]) -> Iterator[tuple[str, dict[str, float]]]:
+        """Each asked query's ranking (doc id -> score), in the order asked, read from the file one
+        query at a time through an index of where each query's lines are (one pass to build): a
+        training split's run (MS MARCO document: 36.7M lines, several GB as a dict) is never held
+        whole. The same rankings as ``run``'s."""
+        if self._run is not None:
+            yield from ((qid, self._run.get(qid, {})) for qid in query_ids)
+            return
+        blocks = _query_blocks(self.path)
+        with open(self.path, "rb") as handle:
+            for qid in query_ids:
+                ranking: Run = {}
+                for offset, length in blocks.get(qid, ()):
+                    handle.seek(offset)
+                    for line in handle.read(length).decode("utf-8").splitlines():
+                        add_trec_line(ranking, line, self.path)
+                yield qid, ranking.get(qid, {})
+
+
+@functools.lru_cache(maxsize=4)  # a cached run file never changes; a sweep draws several sets from one
+def _query_blocks(path: Path) -> dict[str, list[tuple[int, int]]]:
+    """Query id -> the (offset, length) of each run of consecutive lines it has in a TREC run file."""
+    blocks: dict[str, list[tuple[int, int]]] = {}
+    current, start, offset = None, 0, 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            qid = line.split(maxsplit=1)[0].decode("utf-8") if line.strip() else current
+            if qid != current:
+                if current is not None:
+                    blocks.setdefault(current, []).append((start, offset - start))
+                current, start = qid, offset
+            offset += len(line)
+    if current is not None:
+        blocks.setdefault(current, []).append((start, offset - start))
+    return blocks
 
 
 def _top(run: Run, queries: dict[str, str], k: int) -> Run:
