@@ -62,6 +62,8 @@ class FirstStageSpec(_Strict):
             raise ValueError(f"k1 and b belong to bm25, not to method '{self.method}'")
         if self.method != "bm25" and self.index != "build":
             raise ValueError(f"index belongs to bm25, not to method '{self.method}'")
+        if "/" in self.index:  # a path would key runs by its name only, whatever it holds
+            raise ValueError(f"index '{self.index}': give build, prebuilt or a Pyserini prebuilt index's name, not a path")
         return self
 
 

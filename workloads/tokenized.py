@@ -166,7 +166,8 @@ def _write_tokenized(path, tokenizer: PreTrainedTokenizerBase, queries: Sequence
                                  documents[start:start + TOKENIZE_CHUNK], max_length)
             batch = pa.record_batch({name: pa.array(values, type=pa.list_(STORED_COLUMNS[name]))
                                      for name, values in ids.items() if name in STORED_COLUMNS})
-            writer = writer or pa.ipc.new_file(sink, batch.schema)
+            if writer is None:
+                writer = pa.ipc.new_file(sink, batch.schema)
             writer.write_batch(batch)
         writer.close()  # (an error leaves the file in atomic_path's temporary directory, removed)
 

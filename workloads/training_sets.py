@@ -190,11 +190,8 @@ def build_candidates(collection: Collection, queries: dict[str, str], first_stag
     path = cache_dir() / "candidates" / f"{collection.name.replace('/', '_')}-top{depth}-{key}.parquet"
     if path.exists():
         return path
-    run = first_stage.run
-
     def rows():
-        for qid in sorted(queries):
-            docs = run.get(qid, {})
+        for qid, docs in first_stage.rankings(sorted(queries)):  # one query's ranking at a time
             for rank, doc_id in enumerate(ranked(docs)[:depth], 1):
                 yield {"query_id": qid, "query": queries[qid], "doc_id": doc_id,
                        "doc": collection.document(doc_id).contents, "first_stage_rank": rank,

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import ir_measures
 import torch
 
-from workloads.augmentation import build_augmentation_sets
+from workloads.augmentation import build_augmentation_sets, rows_without_sentences
 from workloads.augmentation.scorers import SUPERVISED_METHODS
 from workloads.data.collections import Collection, Qrels, resolve_collection
 from workloads.errors import InputError
@@ -51,7 +51,8 @@ def first_stage_evaluation(first_stage: FirstStageRun, qrels: Qrels, relevance_l
     """The first stage's evaluation on these judgements, computed once and stored (JSON keeps every
     float exactly): a warm preparation reads neither the run nor ir_measures again."""
     judged = sorted((q, sorted(docs.items())) for q, docs in qrels.items())
-    path = cache_dir() / "evaluations" / f"{first_stage.key}-{stable_key(judged, relevance_level, sorted(MEASURES.items()))}.json"
+    key = stable_key(judged, relevance_level, sorted(MEASURES.items()), ir_measures.__version__)
+    path = cache_dir() / "evaluations" / f"{first_stage.key}-{key}.json"
     if path.exists():
         return Evaluation(**json.loads(path.read_text()))
     evaluation = evaluate(first_stage.run, qrels, relevance_level)
@@ -149,8 +150,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         augmentations = build_augmentation_sets(collection, spec.data.train_split, training_set, spec.augmentation,
                                                 spec.optimization.epochs, selector=required_selector(spec))
         # rows whose document has no sentence get no augmented pair (counted, epoch 1's draw)
-        augmentation_stats["augmentation_rows_without_sentences"] = pq.read_table(
-            augmentations[0], columns=["augmented_positive"]).column(0).null_count
+        augmentation_stats["augmentation_rows_without_sentences"] = rows_without_sentences(augmentations[0])
 
     validation_run = first_stage_run(collection, spec.data.validation_split or spec.data.train_split, validation_queries,
                                      BASELINE_DEPTH, fs)

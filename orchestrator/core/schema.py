@@ -205,10 +205,9 @@ SEEDS_VERSION = "seeds-v2"
 _ALWAYS_KEYED_LOSS_PARAMETERS = frozenset({"margin", "lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"})
 
 
-def _added_first_stage_fields(first_stage) -> dict:
+def _added_first_stage_fields(first_stage) -> set[str]:
     """First-stage fields at the value they reproduce, added after trials were first keyed."""
-    return {**({"path": True} if first_stage.path is None else {}),  # added with the run-file first stage
-            **({"index": True} if first_stage.index == "build" else {})}  # added with prebuilt indexes
+    return ({"path"} if first_stage.path is None else set()) | ({"index"} if first_stage.index == "build" else set())
 
 
 def trial_key(spec: TrialSpec) -> str:
@@ -235,8 +234,8 @@ def trial_key(spec: TrialSpec) -> str:
     exclude["first_stage"] = _added_first_stage_fields(spec.first_stage)
     exclude["data"] = {f: True for f in ("test_perturbation", "test_first_stage", "validation_cap")
                        if getattr(spec.data, f) is None}  # added later
-    if spec.data.test_first_stage is not None:
-        exclude["data"]["test_first_stage"] = _added_first_stage_fields(spec.data.test_first_stage)
+    if spec.data.test_first_stage is not None and spec.data.test_first_stage.index == "build":
+        exclude["data"]["test_first_stage"] = {"index": True}  # (its path was keyed from the start)
     if not spec.robustness:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:

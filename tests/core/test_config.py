@@ -178,16 +178,27 @@ def test_trial_keys_of_losses_tracked_before_the_new_readings_are_unchanged():
     augmented = {**base, "augmentation": {"method": "bm25"}}
     assert trial_key(TrialSpec.model_validate(augmented)) == trial_key(
         TrialSpec.model_validate({**augmented, "augmentation": {"method": "bm25", "redraw": "once"}}))
-    # first_stage.index at its default (build) keeps every key, a test collection's own first stage's too
-    assert trial_key(TrialSpec.model_validate(base)) == "761b677795444a3d"
-    zero_shot = {**base, "data": {"collection": "beir/scifact", "test_collection": "wikiqa", "test_split": "test",
-                                  "test_first_stage": {"method": "given", "test_depth": 30}}}
-    assert trial_key(TrialSpec.model_validate(zero_shot)) == "ff23a7bac033ebaa"
-    prebuilt = TrialSpec.model_validate({**base, "first_stage": {"index": "prebuilt"}})
-    assert trial_key(prebuilt) != trial_key(TrialSpec.model_validate(base))
     two_epochs = {**augmented, "optimization": {"epochs": 2}}
     assert trial_key(TrialSpec.model_validate(two_epochs)) != trial_key(
         TrialSpec.model_validate({**two_epochs, "augmentation": {"method": "bm25", "redraw": "once"}}))
+
+
+def test_first_stage_index_at_build_keeps_every_key():
+    """Keys computed before first_stage.index existed (by the code of 6cb764b): a trial's, a trial
+    whose test collection has its own first stage, a selector's (a trained selector is found again)."""
+    from orchestrator.core.schema import trial_key
+    from workloads.selectors.kind import selector_key, selector_trial
+
+    base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
+    assert trial_key(TrialSpec.model_validate(base)) == "761b677795444a3d"
+    zero_shot = {**base, "data": {"collection": "beir/scifact", "test_collection": "wikiqa", "test_split": "test",
+                                  "test_first_stage": {"method": "given", "test_depth": 30}}}
+    assert trial_key(TrialSpec.model_validate(zero_shot)) == "8b5baf93f11efbd1"
+    linear = TrialSpec.model_validate({**base, "augmentation": {"method": "linear", "k": 2}})
+    assert trial_key(linear) == "5113b924ee6420dd" and selector_key(selector_trial(linear)) == "efbb3c9d05e65d1b"
+    prebuilt = TrialSpec.model_validate({**base, "first_stage": {"index": "prebuilt"}})
+    assert trial_key(prebuilt) != trial_key(TrialSpec.model_validate(base))  # another index: another trial
+    assert selector_key(selector_trial(linear.model_copy(update={"first_stage": prebuilt.first_stage}))) != "efbb3c9d05e65d1b"
 
 
 def test_trial_keys_follow_the_loss_declarations():

@@ -77,6 +77,7 @@ def test_a_warm_preparation_reads_no_document_and_not_the_training_run(tiny_mode
     reads, runs_read = DocStore.reads, []
     real_read = first_stage.read_trec_run
     monkeypatch.setattr(first_stage, "read_trec_run", lambda path: runs_read.append(path) or real_read(path))
+    monkeypatch.setattr(first_stage.FirstStageRun, "rankings", lambda self, ids: runs_read.append(self.path) or iter(()))
     monkeypatch.setattr(scorers.SentenceStatistics, "of", lambda *a: pytest.fail("computed corpus statistics again"))
     warm = kind_of(spec).prepare(spec)
     assert warm == cold and DocStore.reads == reads and runs_read == []  # baselines' evaluations are stored too

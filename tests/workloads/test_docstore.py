@@ -60,6 +60,18 @@ def test_ids_whose_hashes_collide_are_told_apart(tmp_path, monkeypatch):
     assert all(store[f"d{i}"].text == f"text {i}" for i in range(50)) and "d50" not in store
 
 
+def test_a_duplicate_among_colliding_hashes_and_invalid_unicode_are_refused(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", [{"_id": i, "text": "x"} for i in ("a", "b", "a")])
+    with monkeypatch.context() as patched:
+        patched.setattr(docstore_module, "id_hash", lambda doc_id: 0)  # a, b, a: one run of equal hashes
+        with pytest.raises(InputError, match=r"document 'a' appears twice \(record 3\)"):
+            build_docstore(records(corpus), tmp_path / "store", corpus)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"_id": "a", "text": "fine"}\n{"_id": "b", "text": "half a pair: \\ud800"}\n')
+    with pytest.raises(InputError, match="broken.jsonl: text that is not valid Unicode"):
+        build_docstore(records(broken), tmp_path / "store", broken)
+
+
 def test_a_duplicate_id_or_an_empty_corpus_is_one_error_and_leaves_no_store(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", [{"_id": "a", "text": "x"}, {"_id": "b", "text": "y"},
                                                       {"_id": "a", "text": "z"}])

@@ -5,7 +5,7 @@ import pytest
 
 from workloads.data.collections import resolve_collection
 from workloads.errors import InputError
-from workloads.retrieval.bm25 import retrieve
+from workloads.retrieval.bm25 import read_trec_run, retrieve
 from workloads.retrieval.first_stage import FirstStageRun
 from workloads.training_sets import build_training_set, carve_validation_queries, sample_triples, select_size
 
@@ -60,7 +60,7 @@ def test_validation_carving_is_deterministic_and_disjoint():
         carve_validation_queries(ids, 100, "x")
 
 
-def test_scifact_size_n_sets_real(scifact_dir):
+def test_scifact_size_n_sets_real(scifact_dir, monkeypatch):
     collection = resolve_collection(str(scifact_dir))
     train_ids, _ = carve_validation_queries(list(collection.split_queries("train")), 50, "x")
     queries = collection.split_queries("train")
@@ -82,12 +82,13 @@ def test_scifact_size_n_sets_real(scifact_dir):
     # stored once and reused: asking again returns the same file untouched
     path = sets[(1000, 1)][0]
     before = path.stat().st_mtime_ns
-    unread = FirstStageRun(run_path)
-    again, again_stats = build_training_set(collection, "train", train_ids, unread, 100, 1000, 1)
-    assert again == path and path.stat().st_mtime_ns == before
     # found by its key: the run is not read again, and the statistics come stored with the set
-    assert unread._run is None and again_stats == build_training_set(collection, "train", train_ids, FirstStageRun(run_path),
-                                                                     100, 1000, 2)[1]
+    with monkeypatch.context() as patched:
+        patched.setattr(FirstStageRun, "rankings", lambda *a: pytest.fail("read the run of a set already built"))
+        patched.setattr(FirstStageRun, "run", property(lambda self: pytest.fail("read the run of a set already built")))
+        again, again_stats = build_training_set(collection, "train", train_ids, FirstStageRun(run_path), 100, 1000, 1)
+    assert again == path and path.stat().st_mtime_ns == before
+    assert again_stats == sample_triples(read_trec_run(run_path), collection.split_qrels("train"), train_ids, 1, 100, 1)[1]
     assert again_stats.triples > 500 and again_stats.queries == len(train_ids)
 
 

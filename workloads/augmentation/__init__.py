@@ -22,9 +22,10 @@ stored as Parquet, row-aligned with the training set.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,12 +51,6 @@ AUGMENTATION_SCHEMA = pa.schema([
 
 
 _log = get_logger("augment").info
-
-
-def sentences_of(collection: Collection, doc_ids) -> dict[str, list[str]]:
-    """The candidate sentences of these documents only (looked up in the corpus's store): a
-    trial splits the documents its training set uses, never the whole corpus."""
-    return {doc_id: document_sentences(collection.document(doc_id)) for doc_id in sorted(set(doc_ids))}
 
 
 def select_sentences(scores: list[float], sentences: list[str], k: int) -> list[str]:
@@ -104,35 +99,41 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
     if not missing:
         return paths
     rows = pq.read_table(training_set, columns=["query_id", "query", "positive_id"]).to_pylist()
-    sentences = sentences_of(collection, (row["positive_id"] for row in rows))
+    # each row's positive is split when it is augmented (looked up in the corpus's store): the
+    # documents the training set uses, never the whole corpus, and never all of them held at once
+    sentences = functools.lru_cache(maxsize=4096)(lambda doc_id: document_sentences(collection.document(doc_id)))
     scorer = build_scorer(spec, collection, selector)
     qrels = collection.split_qrels(split)
     doc_ids = sorted_document_ids(collection.require_corpus())
     for epoch, path in missing:
-        started, empty = time.perf_counter(), [0]
-
-        def augmented(epoch=epoch, empty=empty):
-            for index, row in enumerate(rows):
-                out = _augment_row(index, row, epoch, spec, sentences, scorer, qrels, collection, doc_ids)
-                empty[0] += out["augmented_positive"] is None
-                yield out
-
+        started = time.perf_counter()
+        out = (_augment_row(index, row, epoch, spec, sentences, scorer, qrels, collection, doc_ids)
+               for index, row in enumerate(rows))
         with atomic_path(path, ".parquet") as tmp:  # written as it is made: the negatives' texts are whole documents
-            written = write_rows(tmp, AUGMENTATION_SCHEMA, augmented())
+            written = write_rows(tmp, AUGMENTATION_SCHEMA, out)
         oov = f", {scorer.oov_texts} texts without a known GloVe word" if isinstance(scorer, GloVeScorer) else ""
-        dropped = f", {empty[0]} rows without any sentence (no augmented pair)" if empty[0] else ""
+        empty = rows_without_sentences(path)
+        dropped = f", {empty} rows without any sentence (no augmented pair)" if empty else ""
         _log(f"{spec.method} k_a={spec.k} epoch {epoch}: {written} rows in {time.perf_counter() - started:.1f}s"
              f"{oov}{dropped} -> {path}")
     return paths
 
 
-def _augment_row(index: int, row: dict, epoch: int, spec: AugmentationSpec, sentences: dict[str, list[str]],
+def rows_without_sentences(path: Path) -> int:
+    """Rows of an augmentation file whose positive has no sentence (no augmented pair), from the
+    Parquet statistics: nothing of the file's data is read."""
+    metadata = pq.ParquetFile(path).metadata
+    column = metadata.schema.names.index("augmented_positive")
+    return sum(metadata.row_group(g).column(column).statistics.null_count for g in range(metadata.num_row_groups))
+
+
+def _augment_row(index: int, row: dict, epoch: int, spec: AugmentationSpec, sentences: Callable[[str], list[str]],
                  scorer: SentenceScorer, qrels, collection: Collection, doc_ids: Sequence[str]) -> dict:
     # One generator per row and epoch: a row's draw never depends on the others (epoch 1 keeps
     # the seed it had before per-epoch draws existed).
     epoch_part = f"-e{epoch}" if epoch > 1 else ""
     rng = random.Random(f"{spec.seed}{epoch_part}-{index}-{row['query_id']}-{row['positive_id']}")
-    doc_sentences = sentences[row["positive_id"]]
+    doc_sentences = sentences(row["positive_id"])
     kept = select_sentences(scorer.scores(row["query"], doc_sentences, rng), doc_sentences, spec.k)
     base = {"query_id": row["query_id"], "positive_id": row["positive_id"],
             "sentences_kept": len(kept), "sentences_total": len(doc_sentences)}

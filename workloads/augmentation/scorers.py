@@ -42,8 +42,8 @@ class SentenceScorer(Protocol):
 
     @classmethod
     def build(cls, spec, collection, selector: Path | None = None) -> SentenceScorer:
-        """The scorer for an ``AugmentationSpec``, given every document's sentences (and, for a
-        supervised method, the trained selector's directory)."""
+        """The scorer for an ``AugmentationSpec`` over ``collection`` (the corpus its statistics
+        come from) and, for a supervised method, the trained selector's directory."""
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]: ...
 
@@ -107,16 +107,15 @@ class SentenceStatistics:
 
     def save(self, path: Path) -> None:
         metadata = {"documents": str(self.documents), "sentences": str(self.sentences), "tokens": str(self.tokens)}
-        table = pa.table({"word": self._words, "df": self._frequencies}).replace_schema_metadata(metadata)
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+        batch = pa.record_batch({"word": self._words, "df": self._frequencies}).replace_schema_metadata(metadata)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
 
     @classmethod
     def load(cls, path: Path) -> SentenceStatistics:
-        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        meta = {k.decode(): int(v) for k, v in table.schema.metadata.items()}
-        return cls(meta["documents"], meta["sentences"], meta["tokens"], table.column("word").combine_chunks(),
-                   table.column("df").combine_chunks())
+        batch = pa.ipc.open_file(pa.memory_map(str(path))).get_batch(0)  # saved as one batch: mapped, not copied
+        meta = {k.decode(): int(v) for k, v in batch.schema.metadata.items()}
+        return cls(meta["documents"], meta["sentences"], meta["tokens"], batch.column(0), batch.column(1))
 
 
 def corpus_sentence_statistics(collection) -> SentenceStatistics:

@@ -44,7 +44,7 @@ import pyarrow as pa
 from workloads.data.docstore import STORE_VERSION, ArrowIds, DocStore, build_docstore, write_ids
 from workloads.data.document import Document
 from workloads.errors import InputError
-from workloads.paths import atomic_path, cache_dir, data_dir, stable_key
+from workloads.paths import atomic_path, cache_dir, data_dir, exclusive, stable_key
 
 Qrels = dict[str, dict[str, int]]  # query id -> doc id -> graded relevance
 
@@ -470,8 +470,10 @@ class _IrdsDocs(Mapping[str, Document]):
 
         path = cache_dir() / "document-ids" / f"{stable_key(ir_datasets.docs_parent_id(self._ref.strip('/')))}.arrow"
         if not path.exists():
-            with atomic_path(path, ".arrow") as tmp:
-                write_ids(pa.array(sorted(iter(self)), pa.string()), tmp)
+            with exclusive(path):  # concurrent preparations list the corpus once
+                if not path.exists():
+                    with atomic_path(path, ".arrow") as tmp:
+                        write_ids(pa.array(sorted(iter(self)), pa.string()), tmp)
         return ArrowIds(path)
 
 
@@ -607,6 +609,22 @@ def _remembered_content_hash(local: Path, files: list[Path], create_cache: bool 
             for block in iter(lambda handle=handle: handle.read(1 << 20), b""):
                 digest.update(block)
     _remember(remembered, {"directory": str(local), "sha256": digest.hexdigest()}, create_cache)
+    return digest.hexdigest()
+
+
+def remembered_file_hash(path: Path) -> str:
+    """SHA-256 of one file's bytes (a run file's: MS MARCO's official training run is 1.5 GB),
+    remembered in the cache per (path, size, modification time): read again only when it changed."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    remembered = cache_dir() / "identity" / f"file-{stable_key(str(path), stat.st_size, stat.st_mtime_ns)}.json"
+    if remembered.exists():
+        return json.loads(remembered.read_text())["sha256"]
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    _remember(remembered, {"file": str(path), "sha256": digest.hexdigest()}, create_cache=True)
     return digest.hexdigest()
 
 

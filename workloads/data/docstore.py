@@ -52,6 +52,7 @@ class DocStore(Mapping):
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self._opened = None
+        self._batches: list[pa.RecordBatch | None] = []
 
     def __getstate__(self) -> dict:  # a store travels to Ray tasks as its path; each process maps it
         return {"directory": self.directory}
@@ -64,7 +65,7 @@ class DocStore(Mapping):
             reader = pa.ipc.open_file(pa.memory_map(str(self.directory / _DOCUMENTS)))
             self._opened = (reader, np.load(self.directory / _HASHES, mmap_mode="r"),
                             np.load(self.directory / _ROWS, mmap_mode="r"), json.loads((self.directory / _META).read_text()))
-            self._batches: list[pa.RecordBatch | None] = [None] * reader.num_record_batches
+            self._batches = [None] * reader.num_record_batches
         return self._opened
 
     def _row(self, doc_id: str) -> int | None:
@@ -132,7 +133,11 @@ class ArrowIds(Sequence):
     ``str`` that ``random.choice`` draws from as from a list, without a list of them all."""
 
     def __init__(self, path: Path):
+        self.path = Path(path)
         self.array = pa.ipc.open_file(pa.memory_map(str(path))).get_batch(0).column(0)
+
+    def __reduce__(self):  # travels as its path, mapped again where it lands
+        return ArrowIds, (self.path,)
 
     def __len__(self) -> int:
         return len(self.array)
@@ -173,9 +178,14 @@ def build_docstore(records: Iterator[tuple[str, str, str]], directory: Path, sou
             work.mkdir(parents=True)
             hashes: list[np.ndarray] = []
             with pa.OSFile(str(work / _DOCUMENTS), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
-                for batch in _batches(records):
-                    writer.write_batch(batch)
-                    hashes.append(np.fromiter((id_hash(d) for d in batch.column(0).to_pylist()), np.uint64, batch.num_rows))
+                try:
+                    for batch in _batches(records):
+                        writer.write_batch(batch)
+                        hashes.append(np.fromiter((id_hash(d) for d in batch.column(0).to_pylist()), np.uint64,
+                                                  batch.num_rows))
+                except UnicodeEncodeError as exc:  # a lone surrogate escape ("\ud800") in the JSON
+                    raise InputError(source, f"text that is not valid Unicode ({exc.reason}) after document "
+                                             f"{sum(len(h) for h in hashes):,}") from None
             every_hash = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
             if not len(every_hash):
                 raise InputError(source, "empty corpus: no documents")
@@ -193,12 +203,18 @@ def build_docstore(records: Iterator[tuple[str, str, str]], directory: Path, sou
 
 
 def _refuse_duplicates(hashes: np.ndarray, rows: np.ndarray, ids: pa.ChunkedArray, source: Path) -> None:
-    """Equal hashes are checked by their ids: a document id given twice is an error (which text is meant?)."""
-    for position in np.flatnonzero(hashes[1:] == hashes[:-1]):
-        first, second = sorted((int(rows[position]), int(rows[position + 1])))
-        if ids[first].as_py() == ids[second].as_py():
-            raise InputError(source, f"document '{ids[first].as_py()}' appears twice (record {second + 1}): which text "
-                                     "is meant? give every document one _id")
+    """Ids of equal hashes are compared: a document id given twice is an error (which text is meant?)."""
+    starts = np.flatnonzero(np.r_[True, hashes[1:] != hashes[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(hashes)]):
+        if end - start < 2:
+            continue
+        seen: set[str] = set()
+        for row in sorted(int(r) for r in rows[start:end]):
+            doc_id = ids[row].as_py()
+            if doc_id in seen:
+                raise InputError(source, f"document '{doc_id}' appears twice (record {row + 1}): which text is meant? "
+                                         "give every document one _id")
+            seen.add(doc_id)
 
 
 __all__ = ["DocStore", "ArrowIds", "build_docstore", "write_ids", "BATCH_ROWS", "STORE_VERSION"]

@@ -68,8 +68,9 @@ def selector_trial(spec: TrialSpec) -> SelectorTrialSpec:
 
 
 def selector_key(spec: SelectorTrialSpec) -> str:
-    # first_stage.path left out while unset: it came after selectors were first keyed
+    # first_stage.path left out while unset, index while build: they came after selectors were first keyed
     first_stage = {"test_depth"} | ({"path"} if spec.first_stage.path is None else set())
+    first_stage |= {"index"} if spec.first_stage.index == "build" else set()
     training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
     data = {"test_collection", "test_split", "test_perturbation", "test_first_stage"}
     data |= {"validation_cap"} if spec.data.validation_cap is None else set()  # added after selectors were first keyed
