@@ -37,9 +37,10 @@ class _Strict(BaseModel):
 class FirstStageSpec(_Strict):
     """Where candidates and training negatives come from (``workloads.retrieval.first_stage``)."""
 
-    method: Literal["bm25", "given", "run"] = Field(
+    method: Literal["bm25", "given", "run", "scoreddocs"] = Field(
         default="bm25", description="bm25: Pyserini BM25; given: the collection's own candidate lists (WikiQA); "
-                                    "run: a TREC run file (path)")
+                                    "run: a TREC run file (path); scoreddocs: the run an ir_datasets collection ships "
+                                    "(MS MARCO document's official top-100)")
     path: str | None = Field(default=None, description="run: the TREC run file ranking train, validation and test queries")
     k1: float = Field(default=0.9, gt=0)
     b: float = Field(default=0.4, ge=0, le=1)

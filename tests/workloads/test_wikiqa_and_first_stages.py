@@ -210,3 +210,35 @@ def test_a_zero_shot_target_can_have_its_own_first_stage(tmp_path, tiny_model_di
     assert set(read_trec_run(Path(prepared.test_first_stage_run))) == {"q1"}  # BM25 on the BEIR queries
     trained_on = prepare_trial(spec)
     assert prepared.training.training_set == trained_on.training.training_set  # same training data
+
+
+def test_scoreddocs_streams_the_run_a_collection_ships(monkeypatch, tmp_path):
+    """first_stage scoreddocs: an ir_datasets collection's own run (MS MARCO document's official
+    top-100), read through ir_datasets (here a stand-in: nothing is downloaded), restricted to the
+    asked queries, cut to k with trec_eval's tie order; a split without a run is one line."""
+    from types import SimpleNamespace
+
+    import ir_datasets
+
+    from workloads.data.collections import Collection
+    from workloads.errors import InputError
+    from workloads.retrieval.bm25 import read_trec_run
+    from workloads.retrieval.first_stage import first_stage_run
+    from workloads.spec import FirstStageSpec
+
+    scored = [("q1", "a", 3.0), ("q1", "b", 5.0), ("q1", "c", 5.0), ("q2", "a", 1.0), ("q3", "d", 2.0), ("q3", "e", 9.0)]
+    subsets = {"stand-in/train": SimpleNamespace(has_qrels=lambda: True, has_scoreddocs=lambda: True,
+                                                 scoreddocs_iter=lambda: iter(SimpleNamespace(query_id=q, doc_id=d, score=s)
+                                                                              for q, d, s in scored)),
+               "stand-in/dev": SimpleNamespace(has_qrels=lambda: True, has_scoreddocs=lambda: False),
+               "stand-in": SimpleNamespace(has_qrels=lambda: False)}
+    monkeypatch.setattr(ir_datasets, "load", lambda ref: subsets[ref] if ref in subsets else (_ for _ in ()).throw(KeyError(ref)))
+    collection = Collection("stand-in", None, {"q1": "x", "q2": "y", "q3": "z"}, {"train": {}, "dev": {}})
+    run = first_stage_run(collection, "train", {"q1": "x", "q3": "z"}, 2, FirstStageSpec(method="scoreddocs"))
+    assert read_trec_run(run.path) == {"q1": {"b": 5.0, "c": 5.0}, "q3": {"e": 9.0, "d": 2.0}}
+    assert run.path.read_text().splitlines()[0] == "q1 Q0 b 1 5.000000 scoreddocs"
+    with pytest.raises(InputError, match="stand-in: first_stage scoreddocs: split 'dev' ships no run"):
+        first_stage_run(collection, "dev", {"q2": "y"}, 2, FirstStageSpec(method="scoreddocs"))
+    scored.append(("q1", "f", 1.0))  # q1 again after q3: not grouped by query
+    with pytest.raises(InputError, match="scoreddocs of query 'q1' are not grouped by query"):
+        first_stage_run(collection, "train", {"q1": "x"}, 3, FirstStageSpec(method="scoreddocs"))

@@ -536,6 +536,25 @@ def _irds_call(ref: str, fn: Callable, *args):
         raise _offline_error(ref, exc) from None
 
 
+def scored_documents(ref: str, split: str) -> Iterator[tuple[str, str, float]]:
+    """(query id, doc id, score) of the run an ir_datasets collection ships for ``split`` (its
+    ``scoreddocs``: MS MARCO document's official top-100 for train and dev), streamed; one clear
+    line where it has none, or cannot be downloaded."""
+    import ir_datasets
+
+    base = ref.strip("/")
+    try:
+        dataset = ir_datasets.load(base)
+        subset = dataset if dataset.has_qrels() else ir_datasets.load(f"{base}/{split}")
+    except KeyError:
+        raise InputError(ref, f"first_stage scoreddocs: no ir_datasets split '{split}' (scoreddocs needs an ir_datasets "
+                              "collection)") from None
+    if not subset.has_scoreddocs():
+        raise InputError(ref, f"first_stage scoreddocs: split '{split}' ships no run (no scoreddocs); use bm25")
+    for scored in _guarded_iter(ref, subset.scoreddocs_iter):
+        yield scored.query_id, scored.doc_id, float(scored.score)
+
+
 def load_ir_datasets(ref: str) -> Collection:
     """Load an ir_datasets id; for ids without qrels, their train/dev/test subsets become splits."""
     try:

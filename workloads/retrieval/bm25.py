@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,10 +157,17 @@ def _where(source: Path, line_no: int | None) -> str:
 
 
 def write_trec_run(run: Run, path: Path, tag: str) -> None:
-    """Write a TREC run, ranks by descending score (ties by doc id, as trec_eval orders them)."""
+    """Write a TREC run, queries in id order, ranks by descending score (ties by doc id, as
+    trec_eval orders them)."""
+    write_trec_rankings(((qid, run[qid]) for qid in sorted(run)), path, tag)
+
+
+def write_trec_rankings(rankings: Iterable[tuple[str, dict[str, float]]], path: Path, tag: str, k: int | None = None) -> None:
+    """Write (query id, doc id -> score) rankings as a TREC run in the order given, each cut to its
+    top ``k``: a run streamed one query at a time is never held whole."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
-        for qid in sorted(run):
-            ranked = sorted(run[qid].items(), key=lambda item: (-item[1], item[0]))
+        for qid, docs in rankings:
+            ranked = sorted(docs.items(), key=lambda item: (-item[1], item[0]))[:k]
             for rank, (docid, score) in enumerate(ranked, 1):
                 out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
 
@@ -185,16 +193,9 @@ def prebuilt_index_name(reference: str) -> str:
                                 "prebuilt index's name")
 
 
-def retrieve(
-    collection: Collection,
-    queries: dict[str, str],
-    k: int = 1000,
-    params: BM25Params = BM25Params(),
-    threads: int | None = None,
-    index: str = BUILD,
-) -> tuple[Run, Path]:
-    """BM25 top-``k`` per query, and the path of its TREC run (:func:`retrieved_run`)."""
-    path = retrieved_run(collection, queries, k, params, threads, index)
+def retrieve(collection: Collection, queries: dict[str, str], **options) -> tuple[Run, Path]:
+    """BM25 top-``k`` per query, read, and the path of its TREC run (``options``: :func:`retrieved_run`'s)."""
+    path = retrieved_run(collection, queries, **options)
     return read_trec_run(path), path
 
 

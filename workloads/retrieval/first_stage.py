@@ -6,6 +6,8 @@
   indexed here or, with ``index: prebuilt``, Pyserini's prebuilt index of the collection;
 - ``given``: the candidate lists a collection ships (answer selection, e.g. WikiQA), in
   their given order (:attr:`workloads.data.collections.Collection.given`);
+- ``scoreddocs``: the run an ir_datasets collection ships for the split (MS MARCO
+  document's official top-100 for train and dev), streamed one query at a time;
 - ``run``: any TREC run file (``first_stage.path``), e.g. the official top-100 runs AUG
   re-ranked; a query the file does not rank has no candidates (it counts 0 in evaluation,
   trec_eval ``-c``) and gives no training triple.
@@ -22,11 +24,18 @@ import functools
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from workloads.data.collections import Collection, remembered_file_hash
+from workloads.data.collections import Collection, remembered_file_hash, scored_documents
 from workloads.errors import InputError
 from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key
-from workloads.retrieval.bm25 import BM25Params, add_trec_line, read_trec_run, retrieved_run, write_trec_run
+from workloads.retrieval.bm25 import (
+    BM25Params,
+    add_trec_line,
+    read_trec_run,
+    retrieved_run,
+    write_trec_rankings,
+    write_trec_run,
+)
 
 Run = dict[str, dict[str, float]]
 FirstStage = Callable[[Collection, str, dict[str, str], int, object], Path]
@@ -131,7 +140,34 @@ def run_file(collection: Collection, split: str, queries: dict[str, str], k: int
     return _cached(make, "run", remembered_file_hash(path), sorted(queries), k)
 
 
-FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "given": given, "run": run_file}
+def scoreddocs(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
+    path = cache_dir() / "runs" / f"scoreddocs-{stable_key(collection.name.strip('/'), split, sorted(queries), k)}.trec"
+    if not path.exists():
+        write_trec_rankings(_grouped(scored_documents(collection.name, split), set(queries), collection.name), path,
+                            "scoreddocs", k)
+    return path
+
+
+def _grouped(scored: Iterator[tuple[str, str, float]], wanted: set[str], source: str) -> Iterator[tuple[str, dict[str, float]]]:
+    """(query id, its ranking) of the asked queries from a stream of (query, doc, score) grouped
+    by query (as ir_datasets ships them): one query's ranking held at a time."""
+    done: set[str] = set()
+    current, ranking = None, {}
+    for qid, doc_id, score in scored:
+        if qid != current:
+            if current in wanted:
+                yield current, ranking
+            if qid in done:
+                raise InputError(source, f"scoreddocs of query '{qid}' are not grouped by query")
+            done.add(qid)
+            current, ranking = qid, {}
+        if qid in wanted:
+            ranking[doc_id] = score
+    if current in wanted:
+        yield current, ranking
+
+
+FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "given": given, "run": run_file, "scoreddocs": scoreddocs}
 
 
 def first_stage_run(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> FirstStageRun:
