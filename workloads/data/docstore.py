@@ -66,6 +66,7 @@ class DocStore(Mapping):
             self._opened = (reader, np.load(self.directory / _HASHES, mmap_mode="r"),
                             np.load(self.directory / _ROWS, mmap_mode="r"), json.loads((self.directory / _META).read_text()))
             self._batches = [None] * reader.num_record_batches
+            self._batch_rows = self._opened[3]["batch_rows"]  # as built, whatever BATCH_ROWS says now
         return self._opened
 
     def _row(self, doc_id: str) -> int | None:
@@ -88,14 +89,14 @@ class DocStore(Mapping):
         return batches[index]
 
     def _column(self, row: int, column: int):
-        return self._batch(row // BATCH_ROWS).column(column)[row % BATCH_ROWS].as_py()
+        return self._batch(row // self._batch_rows).column(column)[row % self._batch_rows].as_py()
 
     def __getitem__(self, doc_id: str):
         row = self._row(doc_id)
         if row is None:
             raise KeyError(doc_id)
-        batch = self._batch(row // BATCH_ROWS)
-        offset = row % BATCH_ROWS
+        batch = self._batch(row // self._batch_rows)
+        offset = row % self._batch_rows
         DocStore.reads += 1
         return Document(doc_id, batch.column(1)[offset].as_py(), batch.column(2)[offset].as_py())
 
@@ -197,7 +198,7 @@ def build_docstore(records: Iterator[tuple[str, str, str]], directory: Path, sou
             # UTF-8 byte order is code point order: the order of Python's sorted()
             write_ids(pc.take(ids, pc.sort_indices(ids)).combine_chunks(), work / _SORTED)
             (work / _META).write_text(json.dumps({"documents": len(every_hash), "version": STORE_VERSION,
-                                                  "source": str(source)}))
+                                                  "batch_rows": BATCH_ROWS, "source": str(source)}))
         _log(f"stored {len(every_hash):,} documents of {source} in {time.perf_counter() - started:.1f}s -> {directory}")
     return DocStore(directory)
 
