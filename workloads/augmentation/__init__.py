@@ -124,7 +124,10 @@ def rows_without_sentences(path: Path) -> int:
     Parquet statistics: nothing of the file's data is read."""
     metadata = pq.ParquetFile(path).metadata
     column = metadata.schema.names.index("augmented_positive")
-    return sum(metadata.row_group(g).column(column).statistics.null_count for g in range(metadata.num_row_groups))
+    statistics = [metadata.row_group(g).column(column).statistics for g in range(metadata.num_row_groups)]
+    if any(s is None or not s.has_null_count for s in statistics):  # a file written without them: read the column
+        return pq.read_table(path, columns=["augmented_positive"]).column(0).null_count
+    return sum(s.null_count for s in statistics)
 
 
 def _augment_row(index: int, row: dict, epoch: int, spec: AugmentationSpec, sentences: Callable[[str], list[str]],
