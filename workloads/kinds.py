@@ -47,6 +47,8 @@ class TrialKind:
     finished: Callable[[Any], Path | None] = lambda spec: None    # a result kept outside the run store, if any
     keep: Callable[[Any, Path, dict], Path | None] = lambda spec, checkpoint, summary: None  # keep the chosen one
     key: Callable[[Any], str] | None = None     # identity of a required trial (shared by every trial requiring it)
+    # train also takes in_epoch_dir (state saved inside an epoch, optimization.checkpoint_every)
+    resumes_in_epoch: bool = False
 
 
 def _rerank_requires(spec: TrialSpec) -> list:
@@ -64,7 +66,8 @@ def _selector_test(checkpoint: Path, prepared, spec: SelectorTrialSpec, chosen: 
 
 TRIAL_KINDS = {kind.name: kind for kind in (
     TrialKind("rerank", TrialSpec, TrainingInputs, requires=_rerank_requires, prepare=prepare_trial,
-              worker_inputs=lambda prepared: prepared.training, train=train_cross_encoder, test=_rerank_test),
+              worker_inputs=lambda prepared: prepared.training, train=train_cross_encoder, test=_rerank_test,
+              resumes_in_epoch=True),
     TrialKind("selector", SelectorTrialSpec, SelectorInputs, requires=lambda spec: [], prepare=prepare_selector,
               worker_inputs=lambda prepared: prepared.inputs, train=train_selector,
               test=_selector_test,

@@ -240,6 +240,19 @@ class AugmentationSpec(_Strict):
         return self
 
 
+class CheckpointEvery(_Strict):
+    """How often a trial saves its state inside an epoch: ``{steps: 500}`` or ``{minutes: 15}``."""
+
+    steps: int | None = Field(default=None, ge=1, description="optimizer steps between checkpoints")
+    minutes: float | None = Field(default=None, gt=0, description="minutes of training between checkpoints")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> CheckpointEvery:
+        if (self.steps is None) == (self.minutes is None):
+            raise ValueError("give one of steps or minutes, e.g. {steps: 500} or {minutes: 15}")
+        return self
+
+
 class OptimizationSpec(_Strict):
     epochs: int = Field(default=1, ge=1)
     batching: Literal[BATCHINGS] = Field(  # type: ignore[valid-type]
@@ -272,6 +285,11 @@ class OptimizationSpec(_Strict):
         default=1, ge=1, description="batches per optimizer step: their gradients add up (each loss divided by their "
                                      "number), so k batches of batch_size make one step of k x batch_size pairs where "
                                      "the loss is a mean; the schedule, clipping and steps count optimizer steps (CFT: 8)")
+    checkpoint_every: CheckpointEvery | None = Field(
+        default=None, description="also save the training state inside an epoch, every so many optimizer steps or "
+                                  "minutes, with the data position: a trial whose node goes (a preempted spot node) "
+                                  "resumes at the next batch instead of the epoch's start, ending with the same weights; "
+                                  "default: a checkpoint per epoch only")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
                                         "then each micro-batch again with the loss's gradient): a block of any size fits, "

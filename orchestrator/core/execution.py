@@ -24,10 +24,10 @@ from workloads.spec import TrialSpec
 
 logger = logging.getLogger(__name__)
 
-# Defaults for the driver and every Ray worker (an exported value wins): offline, quiet, prompt.
+# Defaults for the driver and every Ray worker (an exported value wins): quiet and prompt.
+# Downloads stay on (Hugging Face's and ir_datasets' own behaviour): a fresh cluster node must
+# fetch its model; offline is what the user, the Makefile and the tests set (HF_HUB_OFFLINE=1).
 ENV_DEFAULTS = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "RAY_USAGE_STATS_ENABLED": "0",
     "TOKENIZERS_PARALLELISM": "false",
@@ -40,6 +40,9 @@ ENV_DEFAULTS = {
     # (benchmarks/trial_overhead.py, README "Performance"). Export the variable to override.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
+# Passed on to every Ray worker when set (the defaults above are always passed): offline mode
+# and where downloads and the cache live, so workers on other nodes do what the driver does.
+PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "IR_DATASETS_HOME", "ANSERINI_INDEX_CACHE")
 # Where Ray's State API is served, for the workers of a Ray this process starts (see init_ray).
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
@@ -72,7 +75,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     set_environment_defaults()
     pin_storage_paths()
-    env_vars = {k: os.environ[k] for k in (*ENV_DEFAULTS, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
+    env_vars = {k: os.environ[k] for k in (*ENV_DEFAULTS, *PASSED_ENV, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
                 if k in os.environ}
     address = address or os.environ.get("RAY_ADDRESS")
     # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
@@ -154,6 +157,12 @@ def largest_node() -> dict:
 def autoscaler_node_types() -> dict[str, dict]:
     """Node type -> resources of the nodes the cluster's autoscaler can start, from the
     autoscaling configuration the head serves (empty without an autoscaler: a local Ray)."""
+    return {name: dict(config.get("resources", {})) for name, config in _autoscaling_config().get("available_node_types", {}).items()}
+
+
+def _autoscaling_config() -> dict:
+    """The cluster file the head's autoscaler runs with (``ray up``, ``ray start
+    --autoscaling-config``), as it serves it; empty without an autoscaler."""
     import json
 
     import ray
@@ -162,10 +171,52 @@ def autoscaler_node_types() -> dict[str, dict]:
         raw = ray.experimental.internal_kv._internal_kv_get("__autoscaling_config", namespace="__autoscaler")
     except Exception:  # no such key, or an internal API that moved: judge by the live nodes
         return {}
-    if not raw:
-        return {}
-    node_types = json.loads(raw).get("available_node_types", {})
-    return {name: dict(config.get("resources", {})) for name, config in node_types.items()}
+    return json.loads(raw) if raw else {}
+
+
+def _fits(node: dict, worker: dict) -> int:
+    """How many workers asking ``worker`` one node with ``node`` holds."""
+    return int(min(node.get(name, 0) // amount for name, amount in worker.items() if amount > 0))
+
+
+@dataclass(frozen=True)
+class Capacity:
+    trials: int  # trials of one shape the cluster runs at once at its largest
+    source: str  # where that number comes from, said in the sweep's log
+
+
+def trial_capacity(spec) -> Capacity:
+    """How many trials shaped like ``spec`` (``workers`` workers of ``cpus_per_worker`` CPUs and a
+    GPU each where the trial uses one) run at once on the cluster at its largest.
+
+    With an autoscaler, its limits: the live head, plus each worker node type at its
+    ``max_workers`` (the cluster's own ``max_workers`` caps the nodes, the roomiest types
+    first). A sweep keeps that many trials in flight, so their pending workers are the demand
+    that makes the autoscaler start nodes; finished cells leave nodes idle and it removes
+    them. Without an autoscaler, the live nodes (a worker must fit on one node)."""
+    import ray
+
+    worker = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if _use_gpu(spec) else {})}
+    config = _autoscaling_config()
+    head_type = config.get("head_node_type")
+    node_types = {name: c for name, c in config.get("available_node_types", {}).items() if name != head_type}
+    if node_types:
+        head = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
+        slots = sum(_fits(resources, worker) for resources in head)
+        room = config.get("max_workers", sum(c.get("max_workers", 0) for c in node_types.values()))
+        described = []
+        for name, node in sorted(node_types.items(), key=lambda kv: -_fits(kv[1].get("resources", {}), worker)):
+            count = min(node.get("max_workers", 0), room)
+            fit = _fits(node.get("resources", {}), worker)
+            if count and fit:
+                slots += count * fit
+                room -= count
+                described.append(f"{count} x {name}")
+        source = "the autoscaler's limits: " + (", ".join(described) or "no node type fits a worker")
+    else:
+        slots = sum(_fits(n.get("Resources", {}), worker) for n in ray.nodes() if n.get("Alive"))
+        source = "the live cluster's nodes"
+    return Capacity(max(1, slots // spec.resources.workers), source)
 
 
 def _free_port() -> int:
@@ -175,9 +226,13 @@ def _free_port() -> int:
 
 
 def cluster_has_gpu() -> bool:
+    """A live GPU, or one the autoscaler can start: GPU workers that scale from 0 have none yet
+    when the first trial is made, and its trainer must still ask for one."""
     import ray
 
-    return ray.cluster_resources().get("GPU", 0) > 0
+    if ray.cluster_resources().get("GPU", 0) > 0:
+        return True
+    return any(resources.get("GPU", 0) > 0 for resources in autoscaler_node_types().values())
 
 
 def _use_gpu(spec: TrialSpec) -> bool:
@@ -204,6 +259,7 @@ def _train_loop_per_worker(config: dict) -> None:
     kind = TRIAL_KINDS[config["kind"]]
     spec = kind.spec.model_validate(config["spec"])
     inputs = kind.inputs(**config["inputs"])
+    in_epoch = {"in_epoch_dir": Path(config["in_epoch_dir"])} if kind.resumes_in_epoch and "in_epoch_dir" in config else {}
 
     def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         if startup:
@@ -223,10 +279,10 @@ def _train_loop_per_worker(config: dict) -> None:
         startup.clear()  # a restarted worker group: the time since submission includes the failed attempt
     device = ray.train.torch.get_device()
     if restored is None:
-        kind.train(spec, inputs, report, device=device, **stop)
+        kind.train(spec, inputs, report, device=device, **stop, **in_epoch)
     else:
         with restored.as_directory() as resume_from:
-            kind.train(spec, inputs, report, device=device, resume_from=Path(resume_from), **stop)
+            kind.train(spec, inputs, report, device=device, resume_from=Path(resume_from), **stop, **in_epoch)
 
 
 def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: list | None = None,
@@ -244,7 +300,7 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
     return TorchTrainer(
         _train_loop_per_worker,
         train_loop_config={"kind": kind_of(spec).name, "spec": spec.model_dump(mode="json"), "inputs": asdict(inputs),
-                           "submitted_at": time.time(),
+                           "submitted_at": time.time(), "in_epoch_dir": str(in_epoch_dir(storage_path, run_name)),
                            **({"stop_file": str(stop_file)} if stop_file is not None else {})},
         scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
@@ -255,6 +311,16 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
             callbacks=callbacks or [],
         ),
     )
+
+
+IN_EPOCH_DIR = "in-epoch-checkpoint"
+
+
+def in_epoch_dir(storage_path: Path, run_name: str) -> Path:
+    """Where a Train run keeps its state inside an epoch (``optimization.checkpoint_every``):
+    beside Ray Train's epoch checkpoints, on the storage every node sees, under a name that a
+    restarted attempt of the same run finds again."""
+    return Path(storage_path).resolve() / run_name / IN_EPOCH_DIR
 
 
 def epoch_results(result) -> list[EpochResult]:

@@ -220,7 +220,7 @@ def trial_key(spec: TrialSpec) -> str:
     ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
     ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
     keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
-    and is never part of it. Augmented trials also key the sentence splitter's version: a new
+    and ``optimization.checkpoint_every`` when state is saved, not results: neither is ever part of it. Augmented trials also key the sentence splitter's version: a new
     splitter makes new training data.
     """
     from workloads.losses import PARAMETERS, loss_parameters
@@ -240,8 +240,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:
         exclude["training_data"] = {"negatives"}  # added with per-query lists
-    # gradient checkpointing changes memory, not results
-    exclude["optimization"] = {"gradient_checkpointing"}
+    # gradient checkpointing changes memory, not results; in-epoch checkpoints when state is saved
+    exclude["optimization"] = {"gradient_checkpointing", "checkpoint_every"}
     if spec.optimization.micro_batch_size is None:
         exclude["optimization"].add("micro_batch_size")  # added with micro-batched steps
     if spec.optimization.gradient_accumulation == 1:

@@ -313,15 +313,23 @@ def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStu
     return closed
 
 
-def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> int:
-    import ray
+def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> tuple[int, str]:
+    """Trials in flight at once, and why: ``search.max_concurrent_trials``, else what the
+    cluster holds at its largest (:func:`~orchestrator.core.execution.trial_capacity`, the
+    autoscaler's limits where there is one), for the most demanding cell's trial shape."""
+    from orchestrator.core.execution import trial_capacity
 
     if sweep.search.max_concurrent_trials:
-        return sweep.search.max_concurrent_trials
-    resources = ray.cluster_resources()
-    spec = cells[0].spec
-    per_trial = spec.resources.workers * spec.resources.cpus_per_worker
-    return max(1, int(resources.get("CPU", 1) // per_trial))
+        return sweep.search.max_concurrent_trials, "search.max_concurrent_trials"
+    capacity = min((trial_capacity(cell.spec) for cell in _distinct_shapes(cells)), key=lambda c: c.trials)
+    return capacity.trials, capacity.source
+
+
+def _distinct_shapes(cells: list[Cell]) -> list[Cell]:
+    shapes: dict = {}
+    for cell in cells:
+        shapes.setdefault(cell.spec.resources, cell)
+    return list(shapes.values())
 
 
 def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
@@ -640,8 +648,8 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
     from orchestrator.sweep.trial_logger import MlflowTrialLogger
 
     init_ray(ray_address)
-    concurrent = _max_concurrent(sweep, cells)
-    log.info("%d trial(s) to run, up to %d at a time%s", remaining, concurrent,
+    concurrent, why = _max_concurrent(sweep, cells)
+    log.info("%d trial(s) to run, up to %d at a time (%s)%s", remaining, concurrent, why,
              "" if verbose else f"; Ray's own output goes to {paths.log_file}")
     display.concurrency = concurrent
     searcher.extra_config = {"storage": str(paths.ray_storage)}

@@ -67,3 +67,29 @@ def test_hugging_face_id_not_in_the_cache(tmp_path, command):
         client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
         assert [e.name for e in client.search_experiments()] == ["Default"]
         assert not client.search_runs(["0"])
+
+
+def test_downloads_on_without_a_network_is_one_line_too(tmp_path):
+    """Downloads are on by default (a cluster node fetches its model); where the Hub cannot be
+    reached, a model missing from the cache is one line at once, not an error in every worker."""
+    config = {"name": "online", "data": {"collection": "beir/scifact"}, "model": {"name": "bert-base-uncased"}}
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = offline_env(tmp_path)
+    del env["HF_HUB_OFFLINE"]
+    env.pop("TRANSFORMERS_OFFLINE", None)
+    os.symlink(REPO.parent / "shared" / "data" / "scifact", Path(env["ORCHESTRATE_DATA_DIR"]) / "scifact")
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(path), "--tracking-uri",
+                           f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage", str(tmp_path / "store")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert_one_clear_line(proc, "model.name bert-base-uncased: not in the local Hugging Face cache and the Hub cannot "
+                                "be reached", "HF_HUB_OFFLINE=1")
+
+
+def test_the_command_line_leaves_downloads_on_and_passes_offline_mode_to_workers(monkeypatch):
+    from orchestrator.core import execution
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    execution.set_environment_defaults()
+    assert "HF_HUB_OFFLINE" not in os.environ  # on by default: Hugging Face's own behaviour
+    assert "HF_HUB_OFFLINE" in execution.PASSED_ENV and "HF_HOME" in execution.PASSED_ENV

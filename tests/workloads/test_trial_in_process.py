@@ -142,3 +142,89 @@ def test_gradient_accumulation_in_the_loop_counts_optimizer_steps(tmp_path, tiny
     start = CrossEncoder.from_pretrained(str(model_dir)).score_head.weight.detach()
     assert (whole_weights - start).norm() > 1e-4  # it trained
     assert (weights - whole_weights).norm() <= 1e-3 * (whole_weights - start).norm()
+
+
+def _weights(directory):
+    from workloads.models.cross_encoder import CrossEncoder
+
+    model = CrossEncoder.from_pretrained(str(directory))
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("killed_in_call", [3, 7], ids=["epoch-1-step-3", "epoch-2-step-3"])
+def test_a_trial_killed_inside_an_epoch_resumes_at_the_next_batch_with_identical_weights(
+        tmp_path, tiny_model_dir, scifact_dir, monkeypatch, killed_in_call):
+    """A preempted node: the attempt dies during a step; the restarted one is given the last
+    epoch checkpoint (as Ray Train does) and the in-epoch directory, continues after the saved
+    step and ends with exactly the uninterrupted trial's weights and losses (CPU, fp32)."""
+    import shutil
+
+    import torch
+
+    from workloads.training import train_cross_encoder
+    from workloads.training.rerank import RerankEpochs
+    from workloads.trial import prepare_trial
+
+    spec = TrialSpec.model_validate({
+        "name": "preempted", "data": {"collection": "beir/scifact", "validation_queries": 5},
+        "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"size": 32, "seed": 3}, "model": {"name": str(tiny_model_dir), "max_length": 64},
+        "optimization": {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3, "precision": "fp32",
+                         "checkpoint_every": {"steps": 2}},
+    })
+    training = prepare_trial(spec).training
+
+    def reporter(root, reports):
+        def keep(metrics, checkpoint):
+            shutil.copytree(checkpoint, root / f"epoch-{int(metrics['epoch'])}")
+            reports.append(metrics)
+        return keep
+
+    whole = []
+    train_cross_encoder(spec, training, reporter(tmp_path / "whole", whole), in_epoch_dir=tmp_path / "whole-in-epoch")
+    assert not (tmp_path / "whole-in-epoch").exists()  # cleared once every epoch is reported
+
+    real_step, calls = RerankEpochs._step, []
+
+    def dying_step(self, micro, epoch, step, parts):
+        calls.append((epoch, step))
+        if len(calls) == killed_in_call:
+            raise RuntimeError("the node went away")
+        return real_step(self, micro, epoch, step, parts)
+
+    monkeypatch.setattr(RerankEpochs, "_step", dying_step)
+    first, in_epoch = [], tmp_path / "in-epoch"
+    with pytest.raises(RuntimeError, match="went away"):
+        train_cross_encoder(spec, training, reporter(tmp_path / "a", first), in_epoch_dir=in_epoch)
+    state = torch.load(in_epoch / "training_state.pt", weights_only=False)
+    killed_epoch = calls[-1][0]
+    assert (state["epoch"], state["step"]) == (killed_epoch, 2)  # saved after step 2; step 3 was in flight
+    monkeypatch.setattr(RerankEpochs, "_step", real_step)
+    calls.clear()
+    monkeypatch.setattr(RerankEpochs, "_step", lambda self, *a: calls.append(a[1:3]) or real_step(self, *a))
+    resumed = []
+    last_epoch = tmp_path / "a" / f"epoch-{killed_epoch - 1}"
+    train_cross_encoder(spec, training, reporter(tmp_path / "a", resumed),
+                        resume_from=last_epoch if killed_epoch > 1 else None, in_epoch_dir=in_epoch)
+    assert calls[0] == (killed_epoch, 3)  # the next batch, not the epoch's first
+    assert [m["epoch"] for m in first + resumed] == [1, 2]
+    for uninterrupted, again in zip(whole, first + resumed):
+        assert again["train_loss"] == uninterrupted["train_loss"]
+        assert again["val_ndcg_at_10"] == uninterrupted["val_ndcg_at_10"]
+    expected, got = _weights(tmp_path / "whole" / "epoch-2"), _weights(tmp_path / "a" / "epoch-2")
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    assert not in_epoch.exists()
+
+
+def test_in_epoch_checkpoints_by_minutes_are_decided_by_the_clock_and_never_after_the_last_step(tmp_path):
+    from workloads.training.rerank import InEpochCheckpoints
+
+    by_time = InEpochCheckpoints(tmp_path, None, 1.0)
+    assert not by_time.due(1, 10, 0, 1)
+    by_time.last_saved -= 61
+    assert by_time.due(2, 10, 0, 1) and not by_time.due(10, 10, 0, 1)
+    by_steps = InEpochCheckpoints(tmp_path, 3, None)
+    assert [s for s in range(1, 11) if by_steps.due(s, 10, 0, 1)] == [3, 6, 9]
+    with pytest.raises(ValueError, match="one of steps or minutes"):
+        TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"}, "training_data": {"size": 8},
+                                  "model": {"name": "m"}, "optimization": {"checkpoint_every": {"steps": 2, "minutes": 1}}})

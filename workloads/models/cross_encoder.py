@@ -59,7 +59,7 @@ def resolve_model_name(name: str) -> str:
 def require_model_available(name: str) -> None:
     """Fail now, with one line, for a model that cannot load here: a local path that does not
     exist, or a Hugging Face id that is not in the local cache while downloads are off
-    (``HF_HUB_OFFLINE=1``, the command line's default). Called before a trial computes anything."""
+    (``HF_HUB_OFFLINE=1``) or the Hub cannot be reached. Called before a trial computes anything."""
     import os
 
     path = resolve_model_name(name)
@@ -67,16 +67,33 @@ def require_model_available(name: str) -> None:
         return
     if path.startswith(("/", ".", "~")):
         raise InputError(f"model.name {name}", "no such directory")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    if not offline:
-        return  # transformers downloads it on first use
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(path, "config.json")
-    if not isinstance(cached, str):
+    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline:
         raise InputError(f"model.name {name}", "not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1): "
                                                "give a local model directory or an alias (minilm-l6), or download it first "
                                                "on a connected machine (huggingface-cli download " + path + ")")
+    # Downloads are on: ask the Hub once, briefly, so that a machine without a network fails
+    # here with one line instead of in every worker after transformers' own retries.
+    from huggingface_hub import model_info
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        model_info(path, timeout=HUB_CHECK_SECONDS)
+    except RepositoryNotFoundError:
+        raise InputError(f"model.name {name}", "no such model on the Hugging Face Hub (or it is private: log in with "
+                                               "huggingface-cli login)") from None
+    except Exception as exc:  # noqa: BLE001 - the Hub client's network errors have no common base but Exception
+        raise InputError(f"model.name {name}", f"not in the local Hugging Face cache and the Hub cannot be reached "
+                                               f"({type(exc).__name__}): connect this machine, or download it first on "
+                                               f"a connected one (huggingface-cli download {path}) and set "
+                                               "HF_HUB_OFFLINE=1") from None
+
+
+HUB_CHECK_SECONDS = 10
 
 
 @dataclass

@@ -8,6 +8,8 @@ the first-stage top-k; SIR's staged variants train one compressor per stage.
 
 from __future__ import annotations
 
+import random
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -169,11 +171,17 @@ def train_cross_encoder(
     device: torch.device | None = None,
     resume_from: Path | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    in_epoch_dir: Path | None = None,
 ) -> None:
     """Train ``spec`` and report every epoch (see :data:`Reporter`); ``resume_from`` is the
     last reported checkpoint of an interrupted attempt. ``stop_requested`` (asked by rank 0
     after every step) ends training early and cleanly: a sweep's pruner uses it, so the
     workers return and release their resources instead of being killed.
+
+    With ``optimization.checkpoint_every``, the state inside an epoch is saved in
+    ``in_epoch_dir`` (one directory, replaced each time, on storage every worker sees); a
+    restarted attempt whose in-epoch state is newer than ``resume_from`` continues after its
+    step (see :class:`InEpochCheckpoints`).
 
     SIR's staged variants (v1, v2) train ``len(levels) + 1`` compressors in sequence, each for
     ``optimization.epochs``; epochs are numbered across stages and each reports its ``stage``.
@@ -181,12 +189,19 @@ def train_cross_encoder(
     (``workloads.sir.compress_blocks``), before that epoch's checkpoint is written, so a
     trial killed in stage s resumes in stage s with the same blocks.
     """
-    hooks = RerankEpochs(spec, inputs, device or torch.device("cpu"), stop_requested)
+    in_epoch = InEpochCheckpoints.of(spec, in_epoch_dir)
+    hooks = RerankEpochs(spec, inputs, device or torch.device("cpu"), stop_requested, in_epoch)
     first_stage, first_epoch, state, kept, model_source = _stage_start(spec, resume_from, spec.optimization.epochs)
-    if resume_from is not None and first_epoch > 1:
+    saved = in_epoch.load(first_epoch) if in_epoch is not None else None
+    if saved is not None:  # killed inside first_epoch after a saved step: its state replaces the epoch's start
+        state, directory = saved
+        first_stage, kept, model_source = state["stage"], state["kept"], str(directory)
+        hooks.resume_at = state
+        hooks.say(f"resumed inside epoch {first_epoch} after step {state['step']} from {directory}")
+    elif resume_from is not None and first_epoch > 1:
         hooks.say(f"resumed from {resume_from} after epoch {first_epoch - 1}"
                   + (f" (stage {first_stage} of {hooks.stages})" if hooks.stages > 1 else ""))
-    stopping = EarlyStopping.restored(spec.optimization.early_stopping_patience, state)
+    stopping = hooks.stopping = EarlyStopping.restored(spec.optimization.early_stopping_patience, state)
     epochs, final_epoch = spec.optimization.epochs, hooks.stages * spec.optimization.epochs
     for stage in range(first_stage, hooks.stages + 1):
         if first_epoch > final_epoch:
@@ -194,8 +209,107 @@ def train_cross_encoder(
         hooks.start_stage(stage, kept, model_source, state)
         state = None
         if run_epochs(hooks, range(first_epoch, stage * epochs + 1), final_epoch, stopping, report, hooks.rank, hooks.world):
-            return
+            break
         first_epoch, kept = stage * epochs + 1, hooks.next_kept
+    if in_epoch is not None and hooks.rank == 0:
+        in_epoch.clear()  # every epoch it could resume is reported
+
+
+class InEpochCheckpoints:
+    """The training state inside an epoch, saved every ``checkpoint_every`` steps or minutes.
+
+    Ray Train's checkpoints are per epoch (each is scored by validation, which an epoch's
+    middle has not); this one directory, replaced atomically each time, holds the model, the
+    optimizer, schedule, scaler and loss state, each worker's random number generators and the
+    data position (epoch, step: the epoch's batch plan is a function of the seed and the epoch).
+    A resumed attempt skips the steps already taken, so it ends with the weights an
+    uninterrupted one has (on CPU, bit for bit).
+    """
+
+    def __init__(self, directory: Path, every_steps: int | None, every_minutes: float | None) -> None:
+        self.directory = Path(directory)
+        self.every_steps, self.every_minutes = every_steps, every_minutes
+        self.last_saved = time.perf_counter()
+
+    @classmethod
+    def of(cls, spec: TrialSpec, directory: Path | None) -> InEpochCheckpoints | None:
+        every = spec.optimization.checkpoint_every
+        if every is None or directory is None:
+            return None
+        return cls(Path(directory), every.steps, every.minutes)
+
+    def due(self, step: int, steps: int, rank: int, world: int) -> bool:
+        """After ``step`` of ``steps``: save now? Never after the last step (the epoch's own
+        checkpoint follows); by time, rank 0's clock decides for every worker."""
+        if step >= steps:
+            return False
+        if self.every_steps is not None:
+            return step % self.every_steps == 0
+        return agreed(rank == 0 and time.perf_counter() - self.last_saved >= 60 * self.every_minutes, world)
+
+    @property
+    def _writing(self) -> Path:
+        return self.directory.with_name(self.directory.name + ".writing")
+
+    @property
+    def _previous(self) -> Path:
+        return self.directory.with_name(self.directory.name + ".previous")
+
+    def save(self, model: CrossEncoder, state: dict, rank: int, world: int) -> None:
+        """Every worker: its generators; rank 0: the model and ``state``. The new directory
+        replaces the old one only once complete (a kill while writing keeps the last one)."""
+        if rank == 0:
+            shutil.rmtree(self._writing, ignore_errors=True)
+            self._writing.mkdir(parents=True)
+        _barrier(world)
+        torch.save(_generator_state(), self._writing / f"generators-{rank}.pt")
+        if rank == 0:
+            model.save(self._writing)
+            torch.save(state, self._writing / STATE_FILE)
+        _barrier(world)
+        if rank == 0:
+            shutil.rmtree(self._previous, ignore_errors=True)
+            if self.directory.exists():
+                self.directory.rename(self._previous)
+            self._writing.rename(self.directory)
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self.last_saved = time.perf_counter()
+
+    def load(self, epoch: int) -> tuple[dict, Path] | None:
+        """The saved state and its directory when it lies inside ``epoch`` (the epoch a restarted
+        attempt starts with), else None: an older one is superseded by an epoch checkpoint."""
+        for directory in (self.directory, self._previous):  # .previous: killed between the two renames
+            if (directory / STATE_FILE).exists():
+                state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
+                if state["epoch"] != epoch:
+                    return None
+                rank, _ = rank_and_world()
+                state["generators"] = torch.load(directory / f"generators-{rank}.pt", weights_only=False)
+                return state, directory
+        return None
+
+    def clear(self) -> None:
+        for directory in (self.directory, self._writing, self._previous):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def _generator_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _restore_generators(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 class RerankEpochs:
@@ -206,9 +320,12 @@ class RerankEpochs:
     state_file = STATE_FILE
 
     def __init__(self, spec: TrialSpec, inputs: TrainingInputs, device: torch.device,
-                 stop_requested: Callable[[], bool] | None) -> None:
+                 stop_requested: Callable[[], bool] | None, in_epoch: InEpochCheckpoints | None = None) -> None:
         self.entered: float | None = time.perf_counter()
         self.spec, self.inputs, self.device, self.stop_requested = spec, inputs, device, stop_requested
+        self.in_epoch = in_epoch
+        self.resume_at: dict | None = None  # an in-epoch state to continue from (its epoch's first call)
+        self.stopping = EarlyStopping(spec.optimization.early_stopping_patience)
         self.rank, self.world = rank_and_world()
         opt = self.opt = spec.optimization
         self.stages = spec.sir.stages if spec.sir is not None else 1
@@ -303,16 +420,24 @@ class RerankEpochs:
         # the attempt's set-up (training set, model, tokenized pairs, optimizer), reported once
         setup = {"epoch_setup_seconds": started - self.entered} if self.entered is not None else {}
         self.entered = None
-        total_loss, pairs_seen = 0.0, 0
+        total_loss, pairs_seen, done = 0.0, 0, 0
         parts: dict[str, float] = {}
-        batches = prefetched(self.model, rows, my_batches, opt.batching, self.device, self.tokenized)
-        for step in range(1, steps + 1):
+        if self.resume_at is not None:  # continue after the saved step, as if never interrupted
+            resumed, self.resume_at = self.resume_at, None
+            done, total_loss, pairs_seen, parts = resumed["step"], resumed["total_loss"], resumed["pairs_seen"], resumed["parts"]
+            _restore_generators(resumed["generators"])
+        batches = prefetched(self.model, rows, my_batches[done * accumulation:], opt.batching, self.device, self.tokenized)
+        for step in range(done + 1, steps + 1):
             micro = [next(batches) for _ in range(accumulation)]
             pairs_seen += sum(len(batch.documents) for batch, _ in micro)  # lists may be short; augmentation doubles
             total_loss += float(self._step(micro, epoch, step, parts))
             if self.stop_requested is not None and agreed(self.rank == 0 and self.stop_requested(), self.world):
                 self.say(f"stopping in epoch {epoch}, step {step}: requested (pruned)")
                 return None
+            if self.in_epoch is not None and self.in_epoch.due(step, steps, self.rank, self.world):
+                self.in_epoch.save(self.model, {**self.save_state(resumable=True), "epoch": epoch, "step": step,
+                                                "total_loss": total_loss, "pairs_seen": pairs_seen, "parts": dict(parts),
+                                                **self.stopping.state()}, self.rank, self.world)
             if step % max(1, steps // 10) == 0 or step == steps:
                 rate = pairs_seen / (time.perf_counter() - started)
                 self.say(f"epoch {epoch}/{self.stages * opt.epochs} {progress_bar(step, steps)} step {step}/"
@@ -349,6 +474,9 @@ class RerankEpochs:
 
     def save(self, checkpoint: Path, resumable: bool) -> dict:
         self.model.save(checkpoint)
+        return self.save_state(resumable)
+
+    def save_state(self, resumable: bool) -> dict:
         state = {"stage": self.stage, "kept": self.kept, "next_kept": self.next_kept, "loss": self.loss_fn.state_dict()}
         if resumable:
             state |= {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
