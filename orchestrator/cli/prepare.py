@@ -43,12 +43,13 @@ def units_of(path: Path) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.preparation import cache_files, prepare_units
+    from orchestrator.core.preparation import cache_files, fetch_models, prepare_units
 
     name, units = units_of(Path(args.config))
     if not units:
         raise InputError(args.config, "nothing to prepare: no runnable trial or cell")
     before = cache_files()
+    fetch_models(units)
     reports = prepare_units(units)
     built = cache_files() - before
     waiting = [r for r in reports if not r.complete]

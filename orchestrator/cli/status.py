@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         emit(f"best so far: {b['cell']} ({b['axes']}) val nDCG@10 {b['value']:.4f}")
     if status["eta_seconds"] is not None:
         emit(f"ETA: {status['eta_seconds'] / 60:.0f} min ({status['mean_trial_seconds']:.0f}s per trial)")
+    if status["disk_trials"]:
+        emit(f"checkpoints: {status['disk_bytes'] / 1e9:.2f} GB on {status['disk_trials']} trial(s), "
+             f"{status['disk_per_trial_bytes'] / 1e6:.0f} MB per trial (storage.keep decides what stays)")
     for failure in status["failed_trials"]:
         emit(f"failed: {failure}")
     return 0

@@ -161,17 +161,52 @@ def autoscaler_node_types() -> dict[str, dict]:
 
 
 def _autoscaling_config() -> dict:
-    """The cluster file the head's autoscaler runs with (``ray up``, ``ray start
-    --autoscaling-config``), as it serves it; empty without an autoscaler."""
-    import json
+    """The node types the cluster's autoscaler can start and its limits, in the cluster file's
+    shape (``available_node_types`` with ``resources`` and ``max_workers``, ``max_workers``,
+    ``head_node_type``); empty without an autoscaler (a local Ray, a fixed ``ray start`` cluster).
 
+    Ray serves no public API for this. Autoscaler v2 reports its node groups to the GCS (read
+    as Ray Data's autoscaler reads them); autoscaler v1, the default of ``ray up`` and of
+    ``ray start --autoscaling-config``, only holds its cluster file, which the driver reads from
+    the command line of the autoscaler's process (the monitor) when it runs on the head, as
+    ``cluster.yaml`` and ``cluster-local.yaml`` tell you to run sweeps."""
+    try:
+        return _reported_node_groups() or _monitor_cluster_file()
+    except Exception as exc:  # internal APIs that moved: judge by the live nodes, and say so
+        logger.warning("could not read the autoscaler's node types (%s); judging by the live nodes", exc)
+        return {}
+
+
+def _reported_node_groups() -> dict:
     import ray
 
-    try:
-        raw = ray.experimental.internal_kv._internal_kv_get("__autoscaling_config", namespace="__autoscaler")
-    except Exception:  # no such key, or an internal API that moved: judge by the live nodes
+    config = ray._private.state.state.get_cluster_config()
+    if config is None or not config.node_group_configs:
         return {}
-    return json.loads(raw) if raw else {}
+    unlimited = 10_000  # max_count -1: no limit of its own
+    return {"available_node_types": {group.name: {"resources": dict(group.resources),
+                                                  "max_workers": group.max_count if group.max_count >= 0 else unlimited}
+                                     for group in config.node_group_configs}}
+
+
+def _monitor_cluster_file() -> dict:
+    import psutil
+    import ray  # first: psutil is Ray's vendored copy (ray/thirdparty_files, on the path once ray is imported)
+    import yaml
+
+    port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if not any(part.endswith("autoscaler/_private/monitor.py") for part in command):
+            continue
+        if not any(part.startswith("--gcs-address=") and part.endswith(f":{port}") for part in command):
+            continue
+        for part in command:
+            if part.startswith("--autoscaling-config="):
+                path = Path(part.split("=", 1)[1]).expanduser()
+                path = path if path.is_absolute() else Path(process.cwd()) / path
+                return yaml.safe_load(path.read_text()) or {}
+    return {}
 
 
 def _fits(node: dict, worker: dict) -> int:

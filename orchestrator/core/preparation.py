@@ -64,6 +64,20 @@ def cache_files() -> int:
     return sum(1 for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
 
 
+def fetch_models(units: Sequence[Unit]) -> None:
+    """Download every distinct Hugging Face model the units train (a no-op for local ones, and
+    for those already in the Hugging Face cache): on a cluster, ``orchestrate prepare`` on the
+    head fills the shared cache, so no GPU node waits on a download."""
+    from workloads.models.cross_encoder import fetch_model
+
+    names = dict.fromkeys(spec.model.name for unit in units for spec in unit.specs if hasattr(spec, "model"))
+    for name in names:
+        started = time.perf_counter()
+        where = fetch_model(name)
+        if where is not None:
+            log.info("model %s: in the Hugging Face cache (%s), %.1fs", name, where, time.perf_counter() - started)
+
+
 def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
     """Prepare every unit, logging one line each (how long); a unit whose augmentation needs a
     selector that is not trained yet stops there and says so."""

@@ -38,6 +38,8 @@ PRUNED_TAG = "pruned_at_epoch"          # a trial run its cell's pruner stopped 
 INTERRUPTED_TAG = "rerank_lab.interrupted"  # a run Ctrl-C stopped (status KILLED): resumed by the next run of the command
 DATA_TAG = "rerank_lab.data"            # on a trial run: the identity of the data it trained and was validated on
 TEST_DATA_TAG = "rerank_lab.test_data"  # on a tested run: the identity of the data of every target it was tested on
+MODEL_TAG = "rerank_lab.model"          # on a cell run: the winning trial run whose model is its artifact MODEL_ARTIFACT
+MODEL_ARTIFACT = "model"                # the artifact path of a cell winner's model (CrossEncoder.from_pretrained loads it)
 SWEEP_FILE_TAG = "rerank_lab.sweep_file"  # on a sweep's experiment: the sweep file it belongs to
 STALE_TAG = "rerank_lab.stale"          # a finished trial run whose data changed since (its identity key gains @stale)
 ERROR_TAG = "error"                     # the last line of the error
@@ -220,8 +222,9 @@ def trial_key(spec: TrialSpec) -> str:
     ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
     ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
     keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
-    and ``optimization.checkpoint_every`` when state is saved, not results: neither is ever part of it. Augmented trials also key the sentence splitter's version: a new
-    splitter makes new training data.
+    and ``optimization.checkpoint_every`` when state is saved, not results: neither is ever
+    part of it. Augmented trials also key the sentence splitter's version: a new splitter makes
+    new training data.
     """
     from workloads.losses import PARAMETERS, loss_parameters
 

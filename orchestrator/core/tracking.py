@@ -220,6 +220,15 @@ class Tracker:
     def log_file(self, run_id: str, path: Path, artifact_path: str) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
+    def log_model(self, run_id: str, checkpoint: Path) -> None:
+        """A checkpoint's model (weights, tokenizer, config) as the run's artifact ``model``,
+        without the resumable training state (optimizer, schedule: twice the model's size)."""
+        from workloads.training import PROGRESS_FILE, STATE_FILE
+
+        for path in sorted(Path(checkpoint).iterdir()):
+            if path.is_file() and path.name not in (STATE_FILE, PROGRESS_FILE):
+                self.client.log_artifact(run_id, str(path), schema.MODEL_ARTIFACT)
+
     def log_evaluation(self, run_id: str, prefix: str, evaluation: Evaluation) -> None:
         """Aggregates as ``<prefix><measure>`` and the per-query values as ``per_query/<prefix>.json``."""
         self.log_metrics(run_id, evaluation.aggregate, prefix=prefix)

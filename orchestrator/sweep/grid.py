@@ -146,6 +146,17 @@ class ZeroShotTarget(_Strict):
         return schema.zero_shot_target(self.collection, self.split)
 
 
+class StorageSpec(_Strict):
+    keep: Literal["winners", "all"] = Field(
+        default="winners", description="winners: a trial keeps its chosen and its last epoch's checkpoints, and once a "
+                                       "cell's winner is tested the other trials' checkpoints are deleted; all: every "
+                                       "epoch of every trial is kept (about 1.3 GB per BERT-base epoch with its "
+                                       "optimizer state)")
+    log_models: bool = Field(default=True, description="log each cell winner's model (weights, tokenizer, no optimizer "
+                                                        "state) to the MLflow artifact store, as the artifact 'model' of "
+                                                        "the cell run")
+
+
 class SweepSpec(_Strict):
     _source: tuple = PrivateAttr(default=())  # (file, YAML key path -> line) when loaded from a file
 
@@ -155,6 +166,7 @@ class SweepSpec(_Strict):
     search: SearchSpec = SearchSpec()
     zero_shot: list[ZeroShotTarget] = []
     max_failures: int = Field(default=1, ge=0, description="retries of a trial that raised")
+    storage: StorageSpec = StorageSpec()
 
     @model_validator(mode="after")
     def _base_leaves_axes_to_grid(self) -> SweepSpec:

@@ -26,8 +26,21 @@ def test_cluster_yaml_validates_against_rays_schema():
     validate_config(prepare_config(config))
     gpu = config["available_node_types"]["gpu_worker"]
     assert gpu["min_workers"] == 0 and gpu["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
-    assert any("pip install" in c and "-e" in c for c in config["setup_commands"])
+    assert any("pip install" in c and "-e" in c and "python3.11 -m venv" in c for c in config["setup_commands"])
     assert any("mlflow server" in c for c in config["head_setup_commands"])
+    shared = " ".join(config["setup_commands"])  # downloads and the cache once, on the volume every node mounts
+    for variable in ("HF_HOME", "IR_DATASETS_HOME", "ORCHESTRATE_CACHE_DIR", "ANSERINI_INDEX_CACHE"):
+        assert f"{variable}=/mnt/shared/" in shared
+    assert any("torch.cuda.is_available()" in c for c in config["worker_setup_commands"])
+
+
+def test_the_local_autoscaling_cluster_file_validates_too():
+    from ray.autoscaler._private.util import validate_config
+
+    # prepare_config would merge the fake provider's defaults from an example file pip's wheel lacks
+    config = yaml.safe_load((REPO / "cluster-local.yaml").read_text())
+    validate_config(config)
+    assert config["provider"]["type"] == "fake_multinode" and config["available_node_types"]["ray.head.default"]["resources"] == {"CPU": 0}
 
 
 def test_cluster_yaml_with_a_typo_is_rejected():

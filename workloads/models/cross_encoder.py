@@ -94,6 +94,22 @@ def require_model_available(name: str) -> None:
 
 
 HUB_CHECK_SECONDS = 10
+# What a model needs to load here (config, tokenizer, safetensors weights); not the other
+# frameworks' weight files a Hub repository often holds too (TF, Flax, ONNX, .bin duplicates).
+MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.model")
+
+
+def fetch_model(name: str) -> str | None:
+    """Download a Hugging Face id's files into the Hugging Face cache ($HF_HOME), once, so the
+    workers that train it find it there (on a cluster: the shared volume, before the GPU nodes
+    start). Returns the local directory, or None for a local path or alias (nothing to fetch)."""
+    path = resolve_model_name(name)
+    if Path(path).expanduser().exists():
+        return None
+    require_model_available(name)
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(path, allow_patterns=list(MODEL_FILES))
 
 
 @dataclass

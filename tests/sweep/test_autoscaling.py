@@ -1,0 +1,202 @@
+"""A sweep on an autoscaling cluster: Ray's fake multi-node provider started from the
+repository's own cluster-local.yaml (a head with no CPU, 1-CPU worker nodes started on demand
+and removed when idle), as `cluster.yaml`'s autoscaler does with cloud instances."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import free_port, mlflow_runs, sweep_yaml
+from tests.sweep.test_cluster import stop_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_trial_capacity_follows_the_autoscalers_limits_not_the_live_nodes(monkeypatch):
+    """A head without CPUs and GPU workers scaling from 0: the live cluster holds no trial, the
+    autoscaler's limits hold eight (one per g5.xlarge), two per 2-GPU node type."""
+    from orchestrator.core import execution
+    from workloads.spec import TrialSpec
+
+    head = {"Alive": True, "Resources": {"CPU": 0.0, "memory": 1e10, "node:__internal_head__": 1.0}}
+    monkeypatch.setattr("ray.nodes", lambda: [head])
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 0.0})
+    config = {"head_node_type": "head", "max_workers": 10, "available_node_types": {
+        "head": {"resources": {"CPU": 0}, "max_workers": 0},
+        "gpu_worker": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": 8},
+        "two_gpus": {"resources": {"CPU": 8, "GPU": 2}, "max_workers": 4}}}
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: config)
+    spec = TrialSpec.model_validate({"name": "t", "data": {"collection": "beir/scifact"}, "training_data": {"size": 8},
+                                     "model": {"name": "m"}, "resources": {"cpus_per_worker": 4, "use_gpu": True}})
+    capacity = execution.trial_capacity(spec)
+    # the roomiest type first (2 per node x 4 nodes), then 6 of the 8 gpu_workers (max_workers 10 in all)
+    assert capacity.trials == 14 and capacity.source == "the autoscaler's limits: 4 x two_gpus, 6 x gpu_worker"
+    two_workers = spec.model_copy(update={"resources": spec.resources.model_copy(update={"workers": 2})})
+    assert execution.trial_capacity(two_workers).trials == 7
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: {})
+    assert execution.trial_capacity(spec).trials == 1  # no autoscaler, no CPU: one at a time (never 0)
+    assert execution.cluster_has_gpu() is False
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: config)
+    assert execution.cluster_has_gpu() is True  # GPU nodes that do not exist yet: trainers still ask for a GPU
+
+
+@pytest.fixture()
+def fake_autoscaling_cluster(tmp_path, monkeypatch):
+    port = free_port()
+    config = yaml.safe_load((REPO / "cluster-local.yaml").read_text())
+    config["provider"]["gcs_address"] = f"127.0.0.1:{port}"
+    path = tmp_path / "cluster-local.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # loopback only (see test_cluster.two_node_cluster)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
+    head = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=0",
+                           f"--autoscaling-config={path}", "--dashboard-host=127.0.0.1",
+                           "--dashboard-port", str(free_port()), "--disable-usage-stats"],
+                          capture_output=True, text=True, env=env)
+    assert head.returncode == 0, head.stderr[-2000:]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_cluster(port)
+
+
+def _worker_nodes(address: str, seen: list, stop: threading.Event) -> None:
+    import ray
+
+    while not stop.is_set():
+        seen.append(sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0))
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_a_sweep_scales_the_cluster_up_runs_trials_side_by_side_and_the_nodes_go_when_idle(
+        fake_autoscaling_cluster, tmp_path, tiny_model_dir, scifact_dir):
+    import ray
+
+    address = fake_autoscaling_cluster
+    ray.init(address=address)
+    try:
+        assert [n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]] == [0]  # only the CPU-less head
+        seen, stop = [], threading.Event()
+        watcher = threading.Thread(target=_worker_nodes, args=(address, seen, stop), daemon=True)
+        watcher.start()
+        spec = sweep_yaml(tmp_path / "autoscaling.yaml", tiny_model_dir, "tiny-autoscaling",
+                          [{"ranking": "pointwise", "contrastive": "scl"}])
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--json", "--verbose",
+                               "--address", address, "--storage", str(tmp_path / "store"), "--tracking-uri", uri],
+                              capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ), timeout=1500)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "up to 2 at a time (the autoscaler's limits: 2 x cpu_worker)" in proc.stderr
+        assert json.loads(proc.stdout)["trials_to_run"] == 0
+        client, runs = mlflow_runs(uri, "tiny-autoscaling")
+        assert len(runs) == 7 and all(r.info.status == "FINISHED" for r in runs)  # 1 sweep + 2 cells + 4 trials
+        trials = sorted((r.info.start_time, r.info.end_time) for r in runs if r.data.tags.get("rerank_lab.kind") == "trial")
+        # two 1-CPU trials at once on 1-CPU nodes: on two nodes the autoscaler started for them
+        assert any(later[0] < earlier[1] for earlier, later in zip(trials, trials[1:])), trials
+        assert max(seen) == 2
+        # storage.keep: winners: the losers' checkpoints are gone, each winner's model is its cell's artifact
+        cells = [r for r in runs if r.data.tags.get("rerank_lab.kind") == "cell"]
+        winners = {client.get_run(c.data.tags["rerank_lab.winner"]).info.run_name for c in cells}
+        kept = {d.name for d in (tmp_path / "store" / "tiny-autoscaling" / "ray").iterdir() if any(d.glob("epoch-*"))}
+        assert kept == winners and len(kept) == 2
+        _assert_models_load_from_the_artifact_store(client, uri, cells)
+        status = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(spec), "--json", "--storage",
+                                 str(tmp_path / "store"), "--tracking-uri", uri], capture_output=True, text=True, timeout=300)
+        disk = json.loads(status.stdout)
+        assert disk["disk_trials"] == 2 and disk["disk_bytes"] == sum(
+            f.stat().st_size for name in kept for f in (tmp_path / "store" / "tiny-autoscaling" / "ray" / name).rglob("*")
+            if f.is_file())
+        deadline = time.time() + 120
+        while time.time() < deadline and seen[-1] != 0:
+            time.sleep(2)
+        stop.set()
+        watcher.join()
+        assert seen[-1] == 0  # idle worker nodes are removed: the head alone again
+    finally:
+        ray.shutdown()
+
+
+def _assert_models_load_from_the_artifact_store(client, uri: str, cells) -> None:
+    """How a user loads a cell's winner back for inference (docs/cluster.md): the artifact alone,
+    scoring exactly as the winner's checkpoint does, with no optimizer state logged."""
+    import mlflow
+    import torch
+
+    from workloads.models.cross_encoder import CrossEncoder, score_pairs
+
+    for cell in cells:
+        winner = client.get_run(cell.data.tags["rerank_lab.winner"])
+        path = mlflow.artifacts.download_artifacts(run_id=cell.info.run_id, artifact_path="model",
+                                                   tracking_uri=uri)
+        assert not (Path(path) / "training_state.pt").exists()
+        pairs = (["what is a cell"] * 2, ["a cell is the unit of life", "a prison room"])
+        scores = [score_pairs(CrossEncoder.from_pretrained(where), *pairs, 2, torch.device("cpu"), precision="fp32")
+                  for where in (path, winner.data.tags["best_checkpoint"])]
+        assert scores[0] == scores[1]
+        assert cell.data.tags["rerank_lab.model"] == winner.info.run_id
+
+
+@pytest.mark.slow
+def test_a_node_removed_mid_epoch_the_trial_resumes_on_another_from_its_in_epoch_checkpoint(
+        tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
+    """A spot node preempted while it trains: Ray's local multi-node cluster (a CPU-less head,
+    two 1-CPU nodes) loses the node that runs the trial's worker after an in-epoch checkpoint;
+    the trial goes on on the other node after the saved step, the sweep ends with exact counts
+    and one MLflow run per trial."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    spec = tmp_path / "preempted.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "tiny-preempted",
+        "base": {"data": {"collection": "beir/scifact", "validation_queries": 5},
+                 "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
+                 # 48 steps in the epoch, state saved every 4: the node goes inside it
+                 "optimization": {"epochs": 1, "batch_size": 8, "checkpoint_every": {"steps": 4}},
+                 "resources": {"workers": 1, "cpus_per_worker": 1, "max_failures": 2}},
+        "grid": {"models": [str(tiny_model_dir)], "max_length": 64, "losses": [{"ranking": "pointwise"}],
+                 "augmentations": [{"method": "none"}], "sizes": [384]},
+        "search": {"trials_per_cell": 1, "pruner": "none"}, "max_failures": 2}))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    in_epoch = None
+    try:
+        ray.init(address=cluster.address)
+        driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--json", "--verbose",
+                                   "--address", cluster.address, "--storage", str(tmp_path / "store"), "--tracking-uri", uri],
+                                  stdout=subprocess.PIPE, stderr=open(tmp_path / "driver.err", "w"), text=True, cwd=tmp_path)
+        deadline = time.time() + 900
+        while time.time() < deadline and driver.poll() is None:
+            found = list((tmp_path / "store").rglob("in-epoch-checkpoint/training_state.pt"))
+            if found:
+                in_epoch = found[0]
+                break
+            time.sleep(0.05)
+        assert in_epoch is not None, (tmp_path / "driver.err").read_text()[-3000:]
+        running = [a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")]) if "TrainWorker" in a.class_name]
+        node = next(w for w in workers if w.node_id in running)
+        cluster.remove_node(node, allow_graceful=False)  # preempted: no warning, its processes killed
+        cluster.add_node(num_cpus=1)  # the autoscaler's replacement
+        out, _ = driver.communicate(timeout=1200)
+        err = (tmp_path / "driver.err").read_text()
+        assert driver.returncode == 0, err[-3000:]
+        assert json.loads(out)["trials_to_run"] == 0
+        assert "resumed inside epoch 1 after step" in err, err[-3000:]
+        _, runs = mlflow_runs(uri, "tiny-preempted")
+        assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)  # sweep, cell, trial: no duplicate
+        assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 3
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
