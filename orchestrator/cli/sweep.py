@@ -16,6 +16,13 @@ def add_parser(sub, common) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the cells, trial and run counts, what is done and what would stop the sweep; "
                              "run and write nothing")
+    parser.add_argument("--device", metavar="PROFILE",
+                        help="--dry-run: estimate compute with this throughput profile (cpu-2core, a10g, a100, h100 or "
+                             "one from --throughput; default a10g for a grid with use_gpu: true, else cpu-2core)")
+    parser.add_argument("--throughput", metavar="FILE", type=Path,
+                        help="--dry-run: a YAML of throughput profiles (name: {model, tokens, train_pairs_per_second, "
+                             "score_pairs_per_second}), e.g. measured on your GPUs")
+    parser.add_argument("--price-per-hour", type=float, metavar="USD", help="--dry-run: a device-hour's price, for the cost")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tracking(parser)
     add_storage(parser)
@@ -40,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
         report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
+        from orchestrator.sweep.estimate import choose_profile, estimate
+
+        left = {d["key"]: max(0, report["trials_per_cell"] - d["trials_done"]) for d in report["cells_detail"]}
+        report["estimate"] = estimate(sweep, choose_profile(sweep, args.device, args.throughput), left, args.price_per_hour)
     else:
         # Every check that can refuse comes before the first write: a Ray address that does not
         # answer or a storage that cannot be written leaves no MLflow store behind.
@@ -87,3 +98,29 @@ def print_plan(report: dict) -> None:
         best = f"{c['best']:.4f}" if c["best"] is not None else "-"
         emit(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<{width}}{c['augmentation']:<{aug_width}}{c['size']:>7}"
              f"{c['seed']:>6}{c['trials_done']:>6}{best:>8}  {status}")
+    if report.get("estimate"):
+        print_estimate(report["estimate"])
+
+
+def print_estimate(estimate: dict) -> None:
+    profile = estimate["profile"]
+    cost = f"; at ${estimate['price_per_hour']:.2f}/h: ${estimate['cost']:,.0f}" if estimate["cost"] is not None else ""
+    emit(f"estimated compute of the {estimate['trials']} trials to run: {estimate['device_hours']:,.1f} device-hours on "
+         f"{profile['name']} (training {estimate['train_hours']:,.1f}, validation and test "
+         f"{estimate['evaluation_hours']:,.1f}){cost}")
+    emit(f"  throughput: {profile['model']} at {profile['tokens']} tokens, {profile['train_pairs_per_second']:g} training and "
+         f"{profile['score_pairs_per_second']:g} scoring pairs/s per worker ({profile['source']})")
+    groups: dict[tuple[str, str], float] = {}
+    for cell in estimate["cells"]:
+        key = (cell["axes"].get("model", "?"), str(cell["axes"].get("size", "?")))
+        groups[key] = groups.get(key, 0.0) + cell["hours"]
+    for (model, size), hours in sorted(groups.items(), key=lambda kv: -kv[1])[:12]:
+        emit(f"  {model[:30]:<31}size {size:>7}: {hours:,.1f} h")
+    if len(groups) > 12:
+        emit(f"  ... {len(groups) - 12} more (model, size) groups in --json")
+    for model, source in estimate["model_shapes"].items():
+        if source.startswith("assumed"):
+            emit(f"  {model}: {source}")
+    if estimate["cells_without_test_count"]:
+        emit(f"  {len(estimate['cells_without_test_count'])} cell(s) without test pairs: a test set's size is not known here")
+    emit("  assumptions: " + "; ".join(estimate["assumptions"]))

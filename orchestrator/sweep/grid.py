@@ -305,6 +305,7 @@ def expand_grid(sweep: SweepSpec) -> list[Cell]:
     check_axis_values(sweep)
     loss_labels, augmentation_labels = entry_labels(sweep, "losses"), entry_labels(sweep, "augmentations")
     cells: list[Cell] = []
+    seen: set[str] = set()
     grid = sweep.grid
     baseline_loss = LossCell(ranking=grid.baseline_ranking)
     baseline_label = schema.loss_label(baseline_loss.loss_spec())
@@ -319,7 +320,10 @@ def expand_grid(sweep: SweepSpec) -> list[Cell]:
                            if not (loss == baseline_loss and aug == no_augmentation)]
                 for loss, loss_label, augmentation, augmentation_label, is_baseline in combos:
                     axes = _cell_axes(model, loss_label, augmentation_label, size, seed)
-                    cells.append(_make_cell(sweep, axes, loss, augmentation, is_baseline))
+                    cell = _make_cell(sweep, axes, loss, augmentation, is_baseline)
+                    if cell.key not in seen:  # e.g. {method: none, k: 2} beside the baseline: the same cell once
+                        seen.add(cell.key)
+                        cells.append(cell)
     return cells
 
 

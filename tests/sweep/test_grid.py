@@ -115,3 +115,15 @@ def test_doc19_searches_k_a_from_one():
     """AUG's Table 2 suggests k_a = 1: the search must reach it."""
     sweep = load_sweep(REPO / "search_spaces" / "doc19.yaml")
     assert min(sweep.search.k.choices) == 1 and 1 in sweep.search.k.choices
+
+
+def test_a_loss_and_augmentation_equal_to_the_baseline_make_one_cell_not_two():
+    from orchestrator.sweep.grid import SweepSpec, expand_grid
+
+    sweep = SweepSpec.model_validate({
+        "name": "same", "base": {"data": {"collection": "beir/scifact"}},
+        "grid": {"models": ["m"], "losses": [{"ranking": "pointwise"}, {"ranking": "pointwise", "contrastive": "scl"}],
+                 "augmentations": [{"method": "none", "k": 2}, {"method": "bm25", "k": 2}], "sizes": [16]}})
+    cells = expand_grid(sweep)
+    assert len({c.key for c in cells}) == len(cells) == 4  # baseline, pointwise+bm25, scl+none, scl+bm25
+    assert sum(c.is_baseline for c in cells) == 1

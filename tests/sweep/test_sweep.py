@@ -242,6 +242,13 @@ def test_doc19_dry_run_counts():
                             "--dry-run", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True, cwd=REPO)
     assert "255 cells" in human.stdout and "1020 trial runs" in human.stdout
     assert "selectors: 30" in human.stdout and "selector-attention-" in human.stdout
+    # the compute estimate: use_gpu: true -> the A10G profile, every target's size known (TREC-DL 2019 + six zero-shot)
+    estimate = plan["estimate"]
+    assert estimate["profile"]["name"] == "a10g" and estimate["trials"] == 1020 and not estimate["cells_without_test_count"]
+    assert estimate["device_hours"] == pytest.approx(estimate["train_hours"] + estimate["evaluation_hours"])
+    largest = max(estimate["cells"], key=lambda c: c["hours"])
+    assert largest["axes"]["size"] == "100000" and largest["train_pairs"] == 100000 * 2 * 2  # augmented, 2 epochs
+    assert "device-hours on a10g" in human.stdout and "assumption: A10G" in human.stdout
 
 
 def test_demo_sweep_loads():
