@@ -104,7 +104,7 @@ def print_plan(report: dict) -> None:
 
 def print_estimate(estimate: dict) -> None:
     profile = estimate["profile"]
-    cost = f"; at ${estimate['price_per_hour']:.2f}/h: ${estimate['cost']:,.0f}" if estimate["cost"] is not None else ""
+    cost = f"; at ${estimate['price_per_hour']:g}/h: ${estimate['cost']:,.0f}" if estimate["cost"] is not None else ""
     emit(f"estimated compute of the {estimate['trials']} trials to run: {estimate['device_hours']:,.1f} device-hours on "
          f"{profile['name']} (training {estimate['train_hours']:,.1f}, validation and test "
          f"{estimate['evaluation_hours']:,.1f}){cost}")

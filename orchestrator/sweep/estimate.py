@@ -45,8 +45,8 @@ class Throughput:
 # (`--throughput FILE`) when you have them: they are the estimate's largest uncertainty.
 THROUGHPUTS = {
     "cpu-2core": Throughput(
-        "cpu-2core", "minilm-l6", 128, 26.8, 212.0,
-        "measured by benchmarks/throughput.py on a 2-core AMD EPYC with AVX512-BF16 (bf16 autocast, 1 thread, "
+        "cpu-2core", "minilm-l6", 128, 12.8, 52.3,
+        "measured by benchmarks/throughput.py on a 2-core AMD EPYC with AVX512-BF16, no AMX (bf16 autocast, 1 thread, "
         "SciFact pairs at 128 tokens)", cpus=1),
     "a10g": Throughput("a10g", "bert-base-uncased", 512, 170.0, 600.0,
                        "assumption: A10G (AWS g5), 125 TFLOP/s dense bf16 peak at ~35% (train) / ~45% (score)"),

@@ -200,3 +200,17 @@ def test_a_node_removed_mid_epoch_the_trial_resumes_on_another_from_its_in_epoch
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_doc19_on_cluster_yaml_runs_eight_trials_at_once_though_no_gpu_node_is_up(monkeypatch):
+    from orchestrator.core import execution
+    from orchestrator.sweep.grid import expand_grid, load_sweep
+
+    head = {"Alive": True, "Resources": {"memory": 1e10, "node:__internal_head__": 1.0}}
+    monkeypatch.setattr("ray.nodes", lambda: [head])
+    monkeypatch.setattr("ray.cluster_resources", lambda: {})
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: yaml.safe_load((REPO / "cluster.yaml").read_text()))
+    cell = expand_grid(load_sweep(REPO / "search_spaces" / "doc19.yaml"))[0]
+    capacity = execution.trial_capacity(cell.spec)
+    assert (capacity.trials, capacity.source) == (8, "the autoscaler's limits: 8 x gpu_worker")
+    execution.check_resources(cell.spec)  # a g5.xlarge holds a 4-CPU, 1-GPU worker: no refusal

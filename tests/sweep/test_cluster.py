@@ -26,6 +26,7 @@ def test_cluster_yaml_validates_against_rays_schema():
     validate_config(prepare_config(config))
     gpu = config["available_node_types"]["gpu_worker"]
     assert gpu["min_workers"] == 0 and gpu["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
+    assert gpu["resources"] == {"CPU": 4, "GPU": 1}  # what trial_capacity and check_resources read: 8 doc19 trials at once
     assert any("pip install" in c and "-e" in c and "python3.11 -m venv" in c for c in config["setup_commands"])
     assert any("mlflow server" in c for c in config["head_setup_commands"])
     shared = " ".join(config["setup_commands"])  # downloads and the cache once, on the volume every node mounts
