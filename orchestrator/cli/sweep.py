@@ -121,6 +121,7 @@ def print_estimate(estimate: dict) -> None:
     for model, source in estimate["model_shapes"].items():
         if source.startswith("assumed"):
             emit(f"  {model}: {source}")
-    if estimate["cells_without_test_count"]:
-        emit(f"  {len(estimate['cells_without_test_count'])} cell(s) without test pairs: a test set's size is not known here")
+    if estimate["cells_with_unknown_sizes"]:
+        emit(f"  {len(estimate['cells_with_unknown_sizes'])} cell(s) counted in part: a size is not known before preparing "
+             "(size: full, a validation split without validation_cap, a test set that is not local)")
     emit("  assumptions: " + "; ".join(estimate["assumptions"]))

@@ -67,6 +67,13 @@ def pin_storage_paths() -> None:
         os.environ[DATA_DIR_ENV] = str(data_dir())
 
 
+def worker_env() -> dict[str, str]:
+    """The driver's variables every Ray worker gets (Ray's runtime_env): the defaults, offline
+    mode and download locations when set, the data and cache directories, the log level."""
+    return {k: os.environ[k] for k in (*ENV_DEFAULTS, *PASSED_ENV, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
+            if k in os.environ}
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect to ``address`` (or $RAY_ADDRESS), else start a local Ray on this machine."""
     import ray
@@ -75,8 +82,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     set_environment_defaults()
     pin_storage_paths()
-    env_vars = {k: os.environ[k] for k in (*ENV_DEFAULTS, *PASSED_ENV, DATA_DIR_ENV, CACHE_DIR_ENV, LEVEL_ENV, *TEST_HOOK_ENV)
-                if k in os.environ}
+    env_vars = worker_env()
     address = address or os.environ.get("RAY_ADDRESS")
     # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
     # without it the driver log fills with "State API may be temporarily unavailable".
@@ -183,10 +189,15 @@ def _reported_node_groups() -> dict:
     config = ray._private.state.state.get_cluster_config()
     if config is None or not config.node_group_configs:
         return {}
-    unlimited = 10_000  # max_count -1: no limit of its own
     return {"available_node_types": {group.name: {"resources": dict(group.resources),
-                                                  "max_workers": group.max_count if group.max_count >= 0 else unlimited}
-                                     for group in config.node_group_configs}}
+                                                  "max_workers": group.max_count if group.max_count >= 0 else UNLIMITED_NODES}
+                                     for group in config.node_group_configs},
+            "max_resources": dict(config.max_resources)}
+
+
+# A node group without a limit of its own (autoscaler v2's max_count -1) counts as this many
+# nodes: a sweep then keeps that many trials per group in flight, not every trial it has.
+UNLIMITED_NODES = 64
 
 
 def _monitor_cluster_file() -> dict:
@@ -238,15 +249,18 @@ def trial_capacity(spec) -> Capacity:
     if node_types:
         head = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
         slots = sum(_fits(resources, worker) for resources in head)
-        room = config.get("max_workers", sum(c.get("max_workers", 0) for c in node_types.values()))
+        # a node type without max_workers may start up to the cluster's (Ray's own default)
+        room = config.get("max_workers", sum(c.get("max_workers", UNLIMITED_NODES) for c in node_types.values()))
         described = []
         for name, node in sorted(node_types.items(), key=lambda kv: -_fits(kv[1].get("resources", {}), worker)):
-            count = min(node.get("max_workers", 0), room)
+            count = min(node.get("max_workers", room), room)
             fit = _fits(node.get("resources", {}), worker)
             if count and fit:
                 slots += count * fit
                 room -= count
                 described.append(f"{count} x {name}")
+        if config.get("max_resources"):  # autoscaler v2's cluster-wide caps (CPU, GPU, ...)
+            slots = min(slots, _fits({**dict.fromkeys(worker, 1e9), **config["max_resources"]}, worker))  # uncapped: any
         source = "the autoscaler's limits: " + (", ".join(described) or "no node type fits a worker")
     else:
         slots = sum(_fits(n.get("Resources", {}), worker) for n in ray.nodes() if n.get("Alive"))
@@ -267,7 +281,8 @@ def cluster_has_gpu() -> bool:
 
     if ray.cluster_resources().get("GPU", 0) > 0:
         return True
-    return any(resources.get("GPU", 0) > 0 for resources in autoscaler_node_types().values())
+    return any(node.get("resources", {}).get("GPU", 0) > 0 and node.get("max_workers", 1) > 0
+               for node in _autoscaling_config().get("available_node_types", {}).values())
 
 
 def _use_gpu(spec: TrialSpec) -> bool:

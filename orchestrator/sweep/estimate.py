@@ -63,8 +63,8 @@ KNOWN_SHAPES = {
     "electra-base-discriminator": (12, 768, 3072), "microsoft/MiniLM-L12-H384-uncased": (12, 384, 1536),
 }
 
-# Judged queries of test sets that are not local (for local BEIR data the qrels are counted)
-KNOWN_TEST_QUERIES = {
+# Judged queries of splits that are not local (for local BEIR data the qrels are counted)
+KNOWN_JUDGED_QUERIES = {
     ("msmarco-document/trec-dl-2019/judged", "test"): 43, ("msmarco-document/trec-dl-2019", "test"): 43,
     ("msmarco-passage/trec-dl-2019/judged", "test"): 43, ("beir/scifact", "test"): 300, ("beir/fiqa", "test"): 648,
     ("beir/dbpedia-entity", "test"): 400, ("beir/trec-covid", "test"): 50, ("beir/nfcorpus", "test"): 323,
@@ -108,8 +108,8 @@ def _flops_per_token(shape: tuple[int, int, int]) -> float:
     return layers * (4 * hidden * hidden + 2 * hidden * inner)
 
 
-def test_queries(collection: str, split: str) -> int | None:
-    """Judged queries of a test set: counted in local BEIR qrels, else the table, else None."""
+def judged_queries(collection: str, split: str) -> int | None:
+    """Judged queries of a split: counted in local BEIR qrels, else the table, else None."""
     from workloads.paths import data_dir
 
     root = data_dir()
@@ -119,7 +119,7 @@ def test_queries(collection: str, split: str) -> int | None:
             with qrels.open() as lines:
                 next(lines, None)  # the header
                 return len({line.split("\t", 1)[0] for line in lines if line.strip()})
-    return KNOWN_TEST_QUERIES.get((collection, split))
+    return KNOWN_JUDGED_QUERIES.get((collection, split))
 
 
 def load_throughputs(path: Path | None) -> dict[str, Throughput]:
@@ -143,9 +143,9 @@ class CellEstimate:
     key: str
     axes: dict[str, str]
     trials: int
-    train_pairs: int         # per trial, every epoch
-    validation_pairs: int    # per trial, every epoch
-    test_pairs: int | None   # the winner's, every target; None where a test set's size is unknown here
+    train_pairs: int | None       # per trial, every epoch; None: size full (unknown before preparing)
+    validation_pairs: int | None  # per trial, every epoch; None: a validation split of unknown size
+    test_pairs: int | None        # the winner's, every target; None where a test set's size is unknown here
     train_hours: float
     evaluation_hours: float  # validation and test
 
@@ -154,19 +154,23 @@ class CellEstimate:
         return self.train_hours + self.evaluation_hours
 
 
-def _cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int, int, int | None]:
-    """(training pairs of one trial, its validation pairs, the winner's test pairs)."""
+def _cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, int | None]:
+    """(training pairs of one trial, its validation pairs, the winner's test pairs); None where a
+    size is not known here (``size: full``, a validation split of unknown size, a test set)."""
     spec = cell.spec
     epochs = spec.optimization.epochs * (spec.sir.stages if spec.sir is not None else 1)
-    size = spec.training_data.size if isinstance(spec.training_data.size, int) else 0
-    per_epoch = size * (2 if spec.augmentation.method != "none" else 1)
-    validation = (spec.data.validation_cap if spec.data.validation_split and spec.data.validation_cap
-                  else spec.data.validation_queries) * spec.first_stage.validation_depth
+    size = spec.training_data.size if isinstance(spec.training_data.size, int) else None
+    train = None if size is None else size * (2 if spec.augmentation.method != "none" else 1) * epochs
+    if spec.data.validation_split is None:
+        queries = spec.data.validation_queries  # carved from the training split
+    else:
+        queries = spec.data.validation_cap or judged_queries(spec.data.collection, spec.data.validation_split)
+    validation = None if queries is None else queries * spec.first_stage.validation_depth * epochs
     targets = [(spec.data.test_collection or spec.data.collection, spec.data.test_split)]
     targets += [(z.collection, z.split) for z in sweep.zero_shot]
-    counts = [test_queries(c, s) for c, s in targets]
+    counts = [judged_queries(c, s) for c, s in targets]
     test = None if None in counts else sum(counts) * spec.first_stage.test_depth * (1 + len(spec.robustness))
-    return per_epoch * epochs, validation * epochs, test
+    return train, validation, test
 
 
 def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] | None = None,
@@ -175,25 +179,28 @@ def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] 
     each: a trial of ``workers`` workers costs that many times its wall time). ``trials_left``:
     the trials each cell still has to run (default: all of them)."""
     reference = _flops_per_token(model_shape(profile.model)[0]) * profile.tokens
-    cells, shapes, unknown_test = [], {}, set()
+    cells, shapes, unknown = [], {}, set()
     for cell in expand_grid(sweep):
         if cell.spec is None:
             continue
         spec = cell.spec
         shape, shape_source = model_shape(spec.model.name)
         shapes[spec.model.name] = shape_source
-        scale = _flops_per_token(shape) * spec.model.max_length / reference * spec.resources.workers
+        scale = _flops_per_token(shape) * spec.model.max_length / reference
         if profile.cpus:  # a CPU profile: more threads per worker, proportionally faster (roughly)
             scale *= profile.cpus / spec.resources.cpus_per_worker
         train, validation, test = _cell_pairs(cell, sweep)
         trials = sweep.search.trials_per_cell if trials_left is None else trials_left.get(cell.key, 0)
-        if test is None:
-            unknown_test.add(cell.key)
+        if None in (train, validation, test):
+            unknown.add(cell.key)
         tested = (test or 0) if trials else 0  # a cell with trials left is tested (again) at its end
+        workers = spec.resources.workers
         cells.append(CellEstimate(
             cell.key, cell.axes, trials, train, validation, test,
-            train_hours=trials * train * scale / profile.train_pairs_per_second / 3600,
-            evaluation_hours=(trials * validation + tested) * scale / profile.score_pairs_per_second / 3600))
+            # data parallel: the workers share the pairs, so the device time is the pairs' (ideal scaling)
+            train_hours=trials * (train or 0) * scale / profile.train_pairs_per_second / 3600,
+            # rank 0 validates while the other workers wait and hold their devices; a test is one worker's task
+            evaluation_hours=(trials * (validation or 0) * workers + tested) * scale / profile.score_pairs_per_second / 3600))
     return {
         "profile": asdict(profile),
         "device_hours": sum(c.hours for c in cells),
@@ -203,7 +210,7 @@ def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] 
         "cost": sum(c.hours for c in cells) * price_per_hour if price_per_hour is not None else None,
         "trials": sum(c.trials for c in cells),
         "model_shapes": shapes,
-        "cells_without_test_count": sorted(unknown_test),
+        "cells_with_unknown_sizes": sorted(unknown),
         "cells": [{**asdict(c), "hours": c.hours} for c in cells],
         "assumptions": [
             "every epoch of every trial runs (pruning and early stopping only lower it)",

@@ -233,21 +233,21 @@ def _sweep_trial(config: dict) -> None:
     metrics = [e.metrics for e in epochs]
     summary = training_summary(metrics)
     best = epochs[choose_epoch(metrics)]
-    if config.get("keep", "winners") != "all":
-        keep_chosen_and_last(epochs, best)
     ray.tune.report({**summary, **timing(time.perf_counter() - started, summary), schema.OBJECTIVE: best.metrics[schema.OBJECTIVE],
                      "final": 1, schema.CHECKPOINT_TAG: best.checkpoint})
 
 
-def keep_chosen_and_last(epochs, chosen) -> None:
-    """Delete a finished trial's epoch checkpoints but its chosen one (tested if it wins) and its
-    last (what a restarted attempt of the finished run resumes from)."""
+def keep_chosen_and_last(train_run: Path, chosen: str | Path) -> None:
+    """Delete a trial's epoch checkpoints (``<train_run>/epoch-<n>``) but its chosen one (tested if
+    it wins) and its last. Only for a trial its cell's study holds as COMPLETE: Ray Train's own
+    record of the run still lists the deleted ones, so this run must never be fitted again."""
     import shutil
 
-    keep = {chosen.checkpoint, epochs[-1].checkpoint}
-    for epoch in epochs:
-        if epoch.checkpoint not in keep:
-            shutil.rmtree(epoch.checkpoint, ignore_errors=True)
+    epochs = sorted(Path(train_run).glob("epoch-*"), key=lambda d: int(d.name.rpartition("-")[2]))
+    keep = {Path(chosen).name, epochs[-1].name if epochs else None}
+    for directory in epochs:
+        if directory.name not in keep:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -665,7 +665,7 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
     log.info("%d trial(s) to run, up to %d at a time (%s)%s", remaining, concurrent, why,
              "" if verbose else f"; Ray's own output goes to {paths.log_file}")
     display.concurrency = concurrent
-    searcher.extra_config = {"storage": str(paths.ray_storage), "keep": sweep.storage.keep}
+    searcher.extra_config = {"storage": str(paths.ray_storage)}
     tuner = ray.tune.Tuner(
         # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
         # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
@@ -792,6 +792,8 @@ def keep_winners(sweep: SweepSpec, tracker: Tracker, cells: list[Cell], cell_run
         if run.info.status != "FINISHED" or not winner_run:
             continue
         winner = tracker.client.get_run(winner_run)
+        if sweep.storage.keep == "winners":  # also when the driver died before the trial logger trimmed it
+            keep_chosen_and_last(paths.ray_storage / winner.info.run_name, winner.data.tags[schema.CHECKPOINT_TAG])
         if sweep.storage.log_models and run.data.tags.get(schema.MODEL_TAG) != winner_run:
             tracker.log_model(run.info.run_id, Path(winner.data.tags[schema.CHECKPOINT_TAG]))
             tracker.set_tags(run.info.run_id, {schema.MODEL_TAG: winner_run})

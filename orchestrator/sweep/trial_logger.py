@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ray.tune import Callback
 
@@ -69,6 +70,12 @@ class MlflowTrialLogger(Callback):
             return
         failed = trial.last_result.get("failure") if trial.last_result else None
         self.tracker.finish(run_id, "FAILED" if failed else "FINISHED")
+        if not failed and self.sweep.storage.keep == "winners" and schema.CHECKPOINT_TAG in (trial.last_result or {}):
+            # Tune told the searcher first: the Optuna trial is COMPLETE, never run again
+            from orchestrator.sweep.runner import keep_chosen_and_last
+
+            keep_chosen_and_last(Path(trial.config["storage"]) / trial.config["train_run"],
+                                 trial.last_result[schema.CHECKPOINT_TAG])
         self.display.trial_ended(trial.config["cell"], failed=bool(failed))
 
     def on_trial_error(self, iteration, trials, trial, **info):

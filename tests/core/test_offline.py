@@ -92,4 +92,31 @@ def test_the_command_line_leaves_downloads_on_and_passes_offline_mode_to_workers
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     execution.set_environment_defaults()
     assert "HF_HUB_OFFLINE" not in os.environ  # on by default: Hugging Face's own behaviour
-    assert "HF_HUB_OFFLINE" in execution.PASSED_ENV and "HF_HOME" in execution.PASSED_ENV
+    assert "HF_HUB_OFFLINE" not in execution.worker_env()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/mnt/shared/cache/huggingface")
+    monkeypatch.setenv("IR_DATASETS_HOME", "/mnt/shared/cache/ir_datasets")
+    passed = execution.worker_env()  # what init_ray gives every worker: the driver's choices, on every node
+    assert passed["HF_HUB_OFFLINE"] == "1" and passed["HF_HOME"] == "/mnt/shared/cache/huggingface"
+    assert passed["IR_DATASETS_HOME"] == "/mnt/shared/cache/ir_datasets"
+
+
+def test_a_model_cached_without_its_weights_is_not_available_offline(tmp_path, monkeypatch):
+    """A cache that holds a model's config and tokenizer but not its weights (a download cut
+    short, or a repository whose weights were not fetched) fails at once, with one line."""
+    import huggingface_hub.constants
+
+    from workloads.errors import InputError
+    from workloads.models.cross_encoder import require_model_available
+
+    snapshot = tmp_path / "hub" / "models--someone--half-cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--someone--half-cached" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--half-cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(InputError, match="not in the local Hugging Face cache"):
+        require_model_available("someone/half-cached")
+    (snapshot / "pytorch_model.bin").write_bytes(b"weights")
+    require_model_available("someone/half-cached")  # config and weights: available

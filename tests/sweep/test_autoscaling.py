@@ -40,6 +40,17 @@ def test_trial_capacity_follows_the_autoscalers_limits_not_the_live_nodes(monkey
     assert capacity.trials == 14 and capacity.source == "the autoscaler's limits: 4 x two_gpus, 6 x gpu_worker"
     two_workers = spec.model_copy(update={"resources": spec.resources.model_copy(update={"workers": 2})})
     assert execution.trial_capacity(two_workers).trials == 7
+    no_limit = {"head_node_type": "head", "max_workers": 3, "available_node_types": {
+        "head": {"resources": {"CPU": 0}}, "gpu_worker": {"resources": {"CPU": 4, "GPU": 1}}}}
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: no_limit)
+    assert execution.trial_capacity(spec).trials == 3  # a type without max_workers: up to the cluster's (Ray's default)
+    capped = {"available_node_types": {"gpu": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": execution.UNLIMITED_NODES}},
+              "max_resources": {"GPU": 5}}  # autoscaler v2: unlimited groups, a cluster-wide GPU cap
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: capped)
+    assert execution.trial_capacity(spec).trials == 5
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: {"available_node_types": {
+        "gpu": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": 0}}})
+    assert execution.cluster_has_gpu() is False  # a GPU type that may start no node
     monkeypatch.setattr(execution, "_autoscaling_config", lambda: {})
     assert execution.trial_capacity(spec).trials == 1  # no autoscaler, no CPU: one at a time (never 0)
     assert execution.cluster_has_gpu() is False

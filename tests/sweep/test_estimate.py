@@ -63,3 +63,22 @@ def test_bad_profiles_are_one_line(tmp_path, tiny_model_dir):
     broken.write_text("mine: {model: x, tokens: 64, speed: 3}\n")
     with pytest.raises(InputError, match="not a throughput file"):
         choose_profile(sweep, "mine", broken)
+
+
+def test_data_parallel_workers_share_the_training_pairs_and_wait_while_rank_0_validates(tiny_model_dir, scifact_dir):
+    a10g = load_throughputs(None)["a10g"]
+    one = estimate(_sweep(str(tiny_model_dir)), a10g)["cells"][0]
+    two_workers = _sweep(str(tiny_model_dir)).model_copy(deep=True)
+    two_workers.base["resources"]["workers"] = 2
+    two = estimate(two_workers, a10g)["cells"][0]
+    assert two["train_hours"] == pytest.approx(one["train_hours"])  # the same pairs, split over two devices
+    validation = lambda c: c["trials"] * c["validation_pairs"] / a10g.score_pairs_per_second / 3600  # noqa: E731
+    scale = one["evaluation_hours"] / (validation(one) + one["test_pairs"] / a10g.score_pairs_per_second / 3600)
+    assert two["evaluation_hours"] - one["evaluation_hours"] == pytest.approx(validation(one) * scale)
+
+
+def test_unknown_sizes_are_said_not_counted_as_zero_silently(tiny_model_dir, scifact_dir):
+    sweep = _sweep(str(tiny_model_dir)).model_copy(deep=True)
+    sweep.grid.sizes[0] = "full"
+    result = estimate(sweep, load_throughputs(None)["a10g"])
+    assert result["cells"][0]["train_pairs"] is None and result["cells_with_unknown_sizes"] == [result["cells"][0]["key"]]

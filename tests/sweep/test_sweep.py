@@ -244,7 +244,7 @@ def test_doc19_dry_run_counts():
     assert "selectors: 30" in human.stdout and "selector-attention-" in human.stdout
     # the compute estimate: use_gpu: true -> the A10G profile, every target's size known (TREC-DL 2019 + six zero-shot)
     estimate = plan["estimate"]
-    assert estimate["profile"]["name"] == "a10g" and estimate["trials"] == 1020 and not estimate["cells_without_test_count"]
+    assert estimate["profile"]["name"] == "a10g" and estimate["trials"] == 1020 and not estimate["cells_with_unknown_sizes"]
     assert estimate["device_hours"] == pytest.approx(estimate["train_hours"] + estimate["evaluation_hours"])
     largest = max(estimate["cells"], key=lambda c: c["hours"])
     assert largest["axes"]["size"] == "100000" and largest["train_pairs"] == 100000 * 2 * 2  # augmented, 2 epochs

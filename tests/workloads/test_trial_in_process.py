@@ -199,6 +199,11 @@ def test_a_trial_killed_inside_an_epoch_resumes_at_the_next_batch_with_identical
     state = torch.load(in_epoch / "training_state.pt", weights_only=False)
     killed_epoch = calls[-1][0]
     assert (state["epoch"], state["step"]) == (killed_epoch, 2)  # saved after step 2; step 3 was in flight
+    from workloads.training.rerank import InEpochCheckpoints
+
+    # saved by 1 worker taking 4 steps an epoch: another split of the batches cannot go on from it
+    assert InEpochCheckpoints(in_epoch, 2, None).load(killed_epoch, steps_per_rank=2) is None
+    assert InEpochCheckpoints(in_epoch, 2, None).load(killed_epoch, steps_per_rank=4) is not None
     monkeypatch.setattr(RerankEpochs, "_step", real_step)
     calls.clear()
     monkeypatch.setattr(RerankEpochs, "_step", lambda self, *a: calls.append(a[1:3]) or real_step(self, *a))

@@ -69,7 +69,8 @@ def require_model_available(name: str) -> None:
         raise InputError(f"model.name {name}", "no such directory")
     from huggingface_hub import try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+    if isinstance(try_to_load_from_cache(path, "config.json"), str) and any(
+            isinstance(try_to_load_from_cache(path, weights), str) for weights in WEIGHT_FILES):
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     if offline:
@@ -94,9 +95,11 @@ def require_model_available(name: str) -> None:
 
 
 HUB_CHECK_SECONDS = 10
-# What a model needs to load here (config, tokenizer, safetensors weights); not the other
-# frameworks' weight files a Hub repository often holds too (TF, Flax, ONNX, .bin duplicates).
-MODEL_FILES = ("*.json", "*.safetensors", "*.txt", "*.model")
+# A cached model has its config and one of these (sharded weights have an index file)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# What a model needs to load here (config, tokenizer, one copy of its PyTorch weights); not the
+# other frameworks' weight files a Hub repository often holds too (TF, Flax, ONNX).
+MODEL_FILES = ("*.json", "*.txt", "*.model")
 
 
 def fetch_model(name: str) -> str | None:
@@ -107,9 +110,16 @@ def fetch_model(name: str) -> str | None:
     if Path(path).expanduser().exists():
         return None
     require_model_available(name)
-    from huggingface_hub import snapshot_download
+    import os
 
-    return snapshot_download(path, allow_patterns=list(MODEL_FILES))
+    from huggingface_hub import list_repo_files, snapshot_download
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return None  # in the cache, weights included (checked above): nothing to fetch
+    files = list_repo_files(path)
+    # safetensors where the repository has them, else the .bin weights (older models ship only those)
+    weights = "*.safetensors" if any(f.endswith(".safetensors") for f in files) else "*.bin"
+    return snapshot_download(path, allow_patterns=[*MODEL_FILES, weights])
 
 
 @dataclass

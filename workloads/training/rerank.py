@@ -192,7 +192,7 @@ def train_cross_encoder(
     in_epoch = InEpochCheckpoints.of(spec, in_epoch_dir)
     hooks = RerankEpochs(spec, inputs, device or torch.device("cpu"), stop_requested, in_epoch)
     first_stage, first_epoch, state, kept, model_source = _stage_start(spec, resume_from, spec.optimization.epochs)
-    saved = in_epoch.load(first_epoch) if in_epoch is not None else None
+    saved = in_epoch.load(first_epoch, hooks.steps_per_rank) if in_epoch is not None else None
     if saved is not None:  # killed inside first_epoch after a saved step: its state replaces the epoch's start
         state, directory = saved
         first_stage, kept, model_source = state["stage"], state["kept"], str(directory)
@@ -275,15 +275,24 @@ class InEpochCheckpoints:
             shutil.rmtree(self._previous, ignore_errors=True)
         self.last_saved = time.perf_counter()
 
-    def load(self, epoch: int) -> tuple[dict, Path] | None:
+    def load(self, epoch: int, steps_per_rank: int) -> tuple[dict, Path] | None:
         """The saved state and its directory when it lies inside ``epoch`` (the epoch a restarted
-        attempt starts with), else None: an older one is superseded by an epoch checkpoint."""
+        attempt starts with) and was saved by as many workers taking as many steps, else None:
+        an older one is superseded by an epoch checkpoint, and another split of the batches
+        (``resources.workers`` changed, which a trial's identity leaves out) cannot go on from
+        its position."""
+        rank, world = rank_and_world()
         for directory in (self.directory, self._previous):  # .previous: killed between the two renames
             if (directory / STATE_FILE).exists():
                 state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=False)
                 if state["epoch"] != epoch:
                     return None
-                rank, _ = rank_and_world()
+                if (state.get("world"), state.get("steps_per_rank")) != (world, steps_per_rank):
+                    get_logger("train").warning(
+                        f"ignoring the in-epoch state in {directory}: saved by {state.get('world')} worker(s) taking "
+                        f"{state.get('steps_per_rank')} steps per epoch, this attempt has {world} taking {steps_per_rank}; "
+                        f"epoch {epoch} starts again")
+                    return None
                 state["generators"] = torch.load(directory / f"generators-{rank}.pt", weights_only=False)
                 return state, directory
         return None
@@ -436,6 +445,7 @@ class RerankEpochs:
                 return None
             if self.in_epoch is not None and self.in_epoch.due(step, steps, self.rank, self.world):
                 self.in_epoch.save(self.model, {**self.save_state(resumable=True), "epoch": epoch, "step": step,
+                                                "world": self.world, "steps_per_rank": steps,
                                                 "total_loss": total_loss, "pairs_seen": pairs_seen, "parts": dict(parts),
                                                 **self.stopping.state()}, self.rank, self.world)
             if step % max(1, steps // 10) == 0 or step == steps:
