@@ -16,8 +16,10 @@ log = get_logger("orchestrate")
 
 
 def add_parser(sub, common) -> None:
-    parser = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose)",
+    parser = sub.add_parser("ui", help="the MLflow UI for the tracking store (127.0.0.1 unless --host and --expose); "
+                                       "with a sweep or trial file, on its experiment, with the links that compare its cells",
                             parents=[common], formatter_class=HelpFormatter)
+    parser.add_argument("config", nargs="?", help="a sweep or trial YAML: open on its experiment")
     add_tracking(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
     parser.add_argument("--port", type=bounded(int, 1, 65535, what="a TCP port"), default=5000, help="port to serve on")
@@ -45,11 +47,48 @@ def run(args: argparse.Namespace) -> int:
     if tracker is None:
         raise InputError(args.tracking_uri or ".orchestrate/mlflow.db", "no MLflow store here: run something first "
                                                                       "(or give --tracking-uri)")
+    links = experiment_links(tracker, experiment_of(args.config), f"http://{args.host}:{args.port}") if args.config else {}
     require_free_port(args.host, args.port)
     for experiment in tracker.client.search_experiments():  # stores written before experiments were marked
         if experiment.name != "Default":
             tracker.experiment_id(experiment.name)  # opens on the runs table, not on a GenAI traces overview
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    log.info("MLflow UI for %s on http://%s:%s", tracker.uri, args.host, args.port)
+    log.info("MLflow UI for %s on %s", tracker.uri, links.get("experiment", f"http://{args.host}:{args.port}"))
+    for label, url in links.items():
+        if label != "experiment":
+            log.info("  %s: %s", label, url)
     return subprocess.call([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracker.uri,
                             "--host", args.host, "--port", str(args.port), "--workers", "1"], env=env)
+
+
+def experiment_of(config: str) -> str:
+    """The experiment a sweep file (its name) or a trial file (its experiment) writes to."""
+    from pathlib import Path
+
+    from orchestrator.cli.prepare import units_of
+
+    name, _ = units_of(Path(config))
+    return name
+
+
+def experiment_links(tracker, name: str, base: str) -> dict[str, str]:
+    """The UI's pages for experiment ``name``: its run list, the list filtered to cell runs, and
+    the comparison of every cell (MLflow's compare page: parallel coordinates, scatter, contour)."""
+    import json
+    from urllib.parse import quote
+
+    from orchestrator.core import schema
+
+    experiment = tracker.client.get_experiment_by_name(name)
+    if experiment is None:
+        raise InputError(name, f"no experiment '{name}' in {tracker.uri}: it has not run there (or give --tracking-uri)")
+    eid = experiment.experiment_id
+    links = {"experiment": f"{base}/#/experiments/{eid}"}
+    cells = tracker.runs_of_kind(eid, schema.CELL)
+    if cells:
+        search = quote(f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'")
+        links["cells"] = f"{base}/#/experiments/{eid}?searchFilter={search}"
+        # the query MLflow's own "Compare" button builds: JSON lists of run and experiment ids
+        runs = json.dumps([run.info.run_id for run in cells], separators=(",", ":"))
+        links["compare the cells"] = f"{base}/#/compare-runs?runs={quote(runs)}&experiments={quote(json.dumps([eid]))}"
+    return links

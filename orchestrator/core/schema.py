@@ -170,6 +170,17 @@ def axes(spec: TrialSpec) -> dict[str, str]:
     }
 
 
+def comparison_params(cell_axes: dict[str, str], searched: dict) -> dict[str, str]:
+    """The MLflow params a cell run and its trial runs share, under short names, so that MLflow's
+    compare views (parallel coordinates, scatter, contour) can put a grid axis or a
+    hyper-parameter against a metric at either level: the grid axes (``model``, ``loss``,
+    ``augmentation``, ``size``, ``seed``) and the searched hyper-parameters (``learning_rate``,
+    ``lambda``, ``tau``, ``k``, ...; a trial's own values, a cell's winner's). The full spec stays
+    on trial runs as ``section.field`` params."""
+    return {**{a: str(cell_axes[a]) for a in GRID_AXES if a in cell_axes},
+            **{name.rstrip("_"): str(value) for name, value in searched.items()}}
+
+
 def requirement_tags(required) -> dict[str, str]:
     """A required trial's tags (a selector's: the axes it shares with the trials that use it,
     and which training data it saw)."""

@@ -229,6 +229,17 @@ class Tracker:
             if path.is_file() and path.name not in (STATE_FILE, PROGRESS_FILE):
                 self.client.log_artifact(run_id, str(path), schema.MODEL_ARTIFACT)
 
+    def log_new_params(self, run_id: str, params: dict[str, str]) -> dict[str, str]:
+        """Log the params the run does not hold yet; MLflow never changes a logged param, so
+        returns those it holds with another value (the caller says so)."""
+        from mlflow.entities import Param
+
+        held = self.client.get_run(run_id).data.params
+        new = [Param(k, v) for k, v in params.items() if k not in held]
+        for start in range(0, len(new), 100):
+            self.client.log_batch(run_id, params=new[start:start + 100])
+        return {k: held[k] for k, v in params.items() if k in held and held[k] != v}
+
     def log_evaluation(self, run_id: str, prefix: str, evaluation: Evaluation) -> None:
         """Aggregates as ``<prefix><measure>`` and the per-query values as ``per_query/<prefix>.json``."""
         self.log_metrics(run_id, evaluation.aggregate, prefix=prefix)

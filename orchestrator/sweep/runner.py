@@ -268,6 +268,8 @@ def _cell_runs(tracker: Tracker, experiment_id: str, sweep: SweepSpec, cells: li
                                        cell.is_baseline, {"axes": cell.axes, "searched": list(cell.searched),
                                                           "spec": cell.spec.model_dump(mode="json", by_alias=True)})
             for cell in cells}
+    for cell in cells:  # the grid axes as params too (stores written before cells had params gain them)
+        tracker.log_new_params(runs[cell.key], schema.comparison_params(cell.axes, {}))
     for run_id in runs.values():  # cells an interrupted or failed run left: worked on again now
         run = tracker.client.get_run(run_id)
         if run.info.status in ("KILLED", "FAILED"):
@@ -550,6 +552,7 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     # MLflow is written once every input is known good.
     experiment_id = tracker.experiment_id(sweep.name)
     bind_store(sweep, paths, tracker, tracker.client.get_experiment(experiment_id))
+    tracker.client.set_experiment_tag(experiment_id, schema.NOTE_TAG, experiment_description(sweep, cells))
     try:
         return _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, verbose, interruption,
                                 supervised, prepared)
@@ -562,6 +565,27 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
         closed = close_open_runs(tracker, experiment_id)
         raise Interrupted(f"sweep {sweep.name} interrupted before its search ended: {closed} open run(s) marked "
                           "interrupted, nothing reported as complete; run the same command again to resume") from None
+
+
+def experiment_description(sweep: SweepSpec, cells: list[Cell]) -> str:
+    """The sweep's experiment description (MLflow shows it above the run list): what the grid
+    is and how to compare it there."""
+    grid = sweep.grid
+    searched = sorted({name.rstrip("_") for cell in cells for name in cell.searched})
+    source = sweep_file(sweep)
+    return "\n".join([
+        f"**Sweep `{sweep.name}`**{f' ({source})' if source else ''}: {len(cells)} cells, "
+        f"{sweep.search.trials_per_cell} Optuna trials each: {len(grid.models)} model(s) x {len(grid.losses)} loss(es) x "
+        f"{len(grid.augmentations)} augmentation(s) x {len(grid.sizes)} size(s) x {len(grid.seeds)} seed(s), "
+        "plus a baseline per model, size and seed.",
+        "",
+        f"- Runs: one per cell (`{schema.KIND_TAG}` = `cell`, its winner tested), its trials nested under it.",
+        f"- Params on cells and trials alike: {', '.join(schema.GRID_AXES)}; searched: {', '.join(searched) or 'none'} "
+        "(a cell holds its winner's values).",
+        f"- Compare the cells: filter `tags.{schema.KIND_TAG} = 'cell'`, select them, Compare; plot a param against "
+        f"`{schema.target_prefix(schema.TEST)}ndcg_at_10` (test) or `{schema.BEST_OBJECTIVE}` (validation).",
+        "- `orchestrate ui FILE` prints these links; `orchestrate report FILE` writes the paper table.",
+    ])
 
 
 def _check_cluster(sweep: SweepSpec, cells: list[Cell], ray_address: str | None) -> None:
@@ -771,6 +795,10 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params),
                                   schema.TEST_DATA_TAG: test_data})
         tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})
+        kept = tracker.log_new_params(run_id, schema.comparison_params(cell.axes, winner.params))
+        if kept:  # a new winner (more trials per cell): MLflow keeps a param's first value
+            log.warning("%s: the cell run's params keep the first winner's %s; the new winner's values are in its tag %s",
+                        cell.key, ", ".join(f"{k}={v}" for k, v in kept.items()), schema.WINNER_PARAMS_TAG)
         tracker.finish(run_id, "FINISHED")
         test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
         log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),

@@ -36,7 +36,8 @@ class MlflowTrialLogger(Callback):
                     schema.SWEEP_TAG: self.sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
                     schema.DATA_TAG: training_data_identity(spec),
                     **schema.axes(spec), **config.get("axes", {}), **config.get("tags", {})}
-            params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()}}
+            params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()},
+                      **schema.comparison_params(config.get("axes", {}), config["params"])}
             self.runs[trial.trial_id] = self.tracker.start_trial_run(self.experiment_id, config["train_run"], key, params, tags)
         return self.runs[trial.trial_id]
 

@@ -277,3 +277,52 @@ def test_report_of_the_finished_sweep(failing_sweep):
     assert len(list((work / "reports" / "tiny-fail").glob("*.png"))) == 2
     markdown = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--no-plots")
     assert "nDCG@10 on scifact-heldout" in markdown.stdout  # labelled with the collection it was measured on
+
+
+def test_cells_and_trials_share_short_params_the_ui_can_compare(failing_sweep):
+    """MLflow's compare views plot params against metrics: the grid axes and the searched
+    hyper-parameters under the same short names on cell runs (the winner's values) and trial
+    runs; the experiment says what the sweep is and how to compare it."""
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    client, runs = mlflow_runs(uri, "tiny-fail")
+    trials = {r.info.run_id: r for r in by_kind(runs, "trial")}
+    axes = ("model", "loss", "augmentation", "size", "seed")
+    for cell in by_kind(runs, "cell"):
+        assert {a: cell.data.params[a] for a in axes} == {a: cell.data.tags[a] for a in axes}
+        winner = cell.data.tags.get("rerank_lab.winner")
+        if winner is None:  # the failing cell: no winner, its axes only
+            assert "learning_rate" not in cell.data.params
+            continue
+        import ast
+
+        searched = ast.literal_eval(cell.data.tags["winner_params"])  # the winner's Optuna params
+        assert "learning_rate" in searched and ("k" in searched) == (cell.data.tags["augmentation"] != "none")
+        for name, value in searched.items():
+            assert cell.data.params[name.rstrip("_")] == trials[winner].data.params[name.rstrip("_")] == str(value)
+    for trial in trials.values():
+        assert trial.data.params["learning_rate"] == trial.data.params["searched.learning_rate"]
+        assert trial.data.params["model"] == trial.data.tags["model"]
+    experiment = client.get_experiment_by_name("tiny-fail")
+    description = experiment.tags["mlflow.note.content"]
+    assert "**Sweep `tiny-fail`**" in description and "3 cells" in description and "learning_rate" in description
+
+
+def test_ui_links_land_on_the_sweep_and_compare_its_cells(failing_sweep):
+    import urllib.parse
+
+    from orchestrator.cli.ui import experiment_links
+    from orchestrator.core.tracking import Tracker
+    from workloads.errors import InputError
+
+    work, spec, uri, common, failing, plan, report = failing_sweep
+    client, runs = mlflow_runs(uri, "tiny-fail")
+    tracker = Tracker(uri)
+    links = experiment_links(tracker, "tiny-fail", "http://127.0.0.1:5000")
+    eid = client.get_experiment_by_name("tiny-fail").experiment_id
+    assert links["experiment"] == f"http://127.0.0.1:5000/#/experiments/{eid}"
+    query = urllib.parse.parse_qs(links["compare the cells"].split("?", 1)[1])
+    assert sorted(json.loads(query["runs"][0])) == sorted(r.info.run_id for r in by_kind(runs, "cell"))
+    assert json.loads(query["experiments"][0]) == [eid]
+    assert "rerank_lab.kind" in urllib.parse.unquote(links["cells"])
+    with pytest.raises(InputError, match="no experiment 'nothing-here'"):
+        experiment_links(tracker, "nothing-here", "http://127.0.0.1:5000")
