@@ -44,6 +44,7 @@ from orchestrator.core.lifecycle import (
 from orchestrator.core.tracking import Tracker, check_sqlite_file, mark_pruned
 from orchestrator.sweep.grid import Cell, SweepSpec, check_owner, check_targets, expand_grid, sweep_file
 from orchestrator.sweep.progress import SweepProgress
+from orchestrator.sweep.retention import checkpoint_disk_use, keep_winners
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
@@ -235,19 +236,6 @@ def _sweep_trial(config: dict) -> None:
     best = epochs[choose_epoch(metrics)]
     ray.tune.report({**summary, **timing(time.perf_counter() - started, summary), schema.OBJECTIVE: best.metrics[schema.OBJECTIVE],
                      "final": 1, schema.CHECKPOINT_TAG: best.checkpoint})
-
-
-def keep_chosen_and_last(train_run: Path, chosen: str | Path) -> None:
-    """Delete a trial's epoch checkpoints (``<train_run>/epoch-<n>``) but its chosen one (tested if
-    it wins) and its last. Only for a trial its cell's study holds as COMPLETE: Ray Train's own
-    record of the run still lists the deleted ones, so this run must never be fitted again."""
-    import shutil
-
-    epochs = sorted(Path(train_run).glob("epoch-*"), key=lambda d: int(d.name.rpartition("-")[2]))
-    keep = {Path(chosen).name, epochs[-1].name if epochs else None}
-    for directory in epochs:
-        if directory.name not in keep:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -803,37 +791,7 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
         log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),
                  winner.number, winner.value, test)
-    keep_winners(sweep, tracker, cells, cell_runs, paths)
-
-
-def keep_winners(sweep: SweepSpec, tracker: Tracker, cells: list[Cell], cell_runs: dict[str, str], paths: SweepPaths) -> None:
-    """For every tested cell: its winner's model as the cell run's artifact (``storage.log_models``)
-    and, with ``storage.keep: winners``, the other trials' checkpoints deleted. Idempotent, and
-    done for cells tested by an earlier invocation too (a driver killed in between)."""
-    import shutil
-
-    import optuna
-
-    for cell in cells:
-        run = tracker.client.get_run(cell_runs[cell.key])
-        winner_run = run.data.tags.get(schema.WINNER_TAG)
-        if run.info.status != "FINISHED" or not winner_run:
-            continue
-        winner = tracker.client.get_run(winner_run)
-        if sweep.storage.keep == "winners":  # also when the driver died before the trial logger trimmed it
-            keep_chosen_and_last(paths.ray_storage / winner.info.run_name, winner.data.tags[schema.CHECKPOINT_TAG])
-        if sweep.storage.log_models and run.data.tags.get(schema.MODEL_TAG) != winner_run:
-            tracker.log_model(run.info.run_id, Path(winner.data.tags[schema.CHECKPOINT_TAG]))
-            tracker.set_tags(run.info.run_id, {schema.MODEL_TAG: winner_run})
-        if sweep.storage.keep != "winners":
-            continue
-        study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
-        for trial in study.get_trials(deepcopy=False):
-            ended = trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) or (
-                trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get(COUNTED))  # never run again
-            name = trial.user_attrs.get(TRAIN_RUN)
-            if ended and name and name != winner.info.run_name:  # a trial run is named by its Train run
-                shutil.rmtree(paths.ray_storage / name, ignore_errors=True)
+    keep_winners(sweep, tracker, cells, cell_runs, paths.ray_storage, paths.optuna_url)
 
 
 def log_default_report(sweep: SweepSpec, tracker: Tracker) -> None:
@@ -913,7 +871,7 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) 
                  "value": best.data.metrics[schema.BEST_OBJECTIVE]} if best else None,
         "mean_trial_seconds": mean_wall,
         "eta_seconds": mean_wall * plan["trials_to_run"] / parallel if mean_wall is not None else None,
-        **checkpoint_disk_use(paths),
+        **checkpoint_disk_use(paths.ray_storage),
         "selectors": len(plan.get("selectors", [])),
         "selectors_trained": sum(1 for s in plan.get("selectors", []) if s["trained"]),
         "selector_runs": [{"name": r.info.run_name, "status": r.info.status,
@@ -923,20 +881,6 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) 
         "failed_trials": [f"{r.info.run_name} ({r.data.tags.get(schema.CELL_TAG)}): {r.data.tags.get(schema.FAILURE_TAG, '?')} "
                           f"{r.data.tags.get(schema.ERROR_TAG, '')}".strip() for r in by_status("FAILED")],
     }
-
-
-def checkpoint_disk_use(paths: SweepPaths) -> dict:
-    """Bytes the sweep's trials hold on its storage (checkpoints, in-epoch state), in all and per
-    trial that holds any (``storage.keep`` decides what stays)."""
-    from orchestrator.core.execution import IN_EPOCH_DIR
-
-    sizes = []
-    if paths.ray_storage.is_dir():
-        for run in paths.ray_storage.iterdir():  # a Train run per trial: epoch-<n>/ checkpoints, in-epoch state
-            if run.is_dir() and (any(run.glob("epoch-*")) or (run / IN_EPOCH_DIR).exists()):
-                sizes.append(sum(f.stat().st_size for f in run.rglob("*") if f.is_file()))
-    return {"disk_bytes": sum(sizes), "disk_trials": len(sizes),
-            "disk_per_trial_bytes": sum(sizes) / len(sizes) if sizes else None}
 
 
 def load_cell_states(sweep: SweepSpec, tracker: Tracker):

@@ -12,6 +12,7 @@ from orchestrator.core.lifecycle import SUMMARY_METRICS, training_data_identity
 from orchestrator.core.tracking import Tracker, mark_pruned
 from orchestrator.sweep.grid import SweepSpec
 from orchestrator.sweep.progress import SweepProgress
+from orchestrator.sweep.retention import keep_chosen_and_last
 from workloads.spec import TrialSpec
 
 
@@ -73,8 +74,6 @@ class MlflowTrialLogger(Callback):
         self.tracker.finish(run_id, "FAILED" if failed else "FINISHED")
         if not failed and self.sweep.storage.keep == "winners" and schema.CHECKPOINT_TAG in (trial.last_result or {}):
             # Tune told the searcher first: the Optuna trial is COMPLETE, never run again
-            from orchestrator.sweep.runner import keep_chosen_and_last
-
             keep_chosen_and_last(Path(trial.config["storage"]) / trial.config["train_run"],
                                  trial.last_result[schema.CHECKPOINT_TAG])
         self.display.trial_ended(trial.config["cell"], failed=bool(failed))
