@@ -201,9 +201,11 @@ UNLIMITED_NODES = 64
 
 
 def _monitor_cluster_file() -> dict:
-    import psutil
+    # isort: off
     import ray  # first: psutil is Ray's vendored copy (ray/thirdparty_files, on the path once ray is imported)
+    import psutil
     import yaml
+    # isort: on
 
     port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
     for process in psutil.process_iter(["cmdline"]):

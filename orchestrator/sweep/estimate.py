@@ -17,6 +17,7 @@ the supervised selectors' training.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -72,6 +73,7 @@ KNOWN_JUDGED_QUERIES = {
 }
 
 
+@cache  # once per model, not per cell (doc19: 255 cells, 3 models)
 def model_shape(name: str) -> tuple[tuple[int, int, int], str]:
     """(layers, hidden, intermediate) of a model, and where it comes from: its config when it is
     local or in the Hugging Face cache, else the table above, else BERT-base's (said so)."""
@@ -108,6 +110,7 @@ def _flops_per_token(shape: tuple[int, int, int]) -> float:
     return layers * (4 * hidden * hidden + 2 * hidden * inner)
 
 
+@cache  # once per split, not per cell and target (doc19: 255 cells x 7 targets)
 def judged_queries(collection: str, split: str) -> int | None:
     """Judged queries of a split: counted in local BEIR qrels, else the table, else None."""
     from workloads.paths import data_dir
