@@ -52,9 +52,9 @@ def orchestrate(work: Path, *args, background=False, fail_cells: tuple[str, ...]
 
 
 def mlflow_runs(uri: str, experiment: str):
-    from mlflow.tracking import MlflowClient
+    from orchestrator.core.tracking import Tracker
 
-    client = MlflowClient(tracking_uri=uri)
+    client = Tracker(uri).client  # metrics under the code's names, whichever way the store names them
     found = client.get_experiment_by_name(experiment)
     return client, (client.search_runs([found.experiment_id], max_results=1000) if found else [])
 

@@ -10,6 +10,8 @@ Metric names of an evaluation target (``test``, ``zs_<collection>_<split>``, ``r
 cross-encoder alone when the final ranking fuses the first stage,
 ``bm25_<target>_<measure>`` the first stage, ``<target>_interpolation_weight`` the weight
 used. Each has its per-query values as the artifact ``per_query/<prefix without _>.json``.
+These are the code's names; MLflow stores them grouped by slashes (``test/ndcg_at_10``,
+:func:`stored_metric_name`), and the tracker hands them back under the code's names.
 """
 
 from __future__ import annotations
@@ -117,6 +119,37 @@ def perturbed_target(perturbation: str) -> str:
 def is_epoch_metric(name: str) -> bool:
     """A metric the training loop reports per epoch (not Ray's or Tune's bookkeeping)."""
     return name in EPOCH_METRICS or name.startswith(EPOCH_METRIC_PREFIXES)
+
+
+# What MLflow stores: the code's names with their parts grouped by slashes (``test/ndcg_at_10``,
+# ``test/cross_encoder/ndcg_at_10``, ``bm25/test/ndcg_at_10``, ``best/val/ndcg_at_10``), so the UI
+# sorts a target's measures together and folds them into one section per target. Every part
+# keeps its order and a slash replaces one underscore, so the code's name is the stored one with
+# "/" read as "_": stores written before (flat names) read the same.
+_GROUPED_SUFFIXES = tuple(sorted((*MEASURES, "interpolation_weight"), key=len, reverse=True))
+
+
+def stored_metric_name(name: str) -> str:
+    """The name MLflow stores a metric under (``test_ndcg_at_10`` -> ``test/ndcg_at_10``);
+    names that are not a target's measure (timings, counts, the loss) are stored as they are."""
+    suffix = next((s for s in _GROUPED_SUFFIXES if name.endswith(f"_{s}")), None)
+    if suffix is None:
+        return name
+    target = name[: -len(suffix) - 1]
+    parts = []
+    for lead in (BEST_PREFIX, f"{FIRST_STAGE}_"):
+        if target.startswith(lead) and len(target) > len(lead):
+            parts.append(lead.rstrip("_"))
+            target = target[len(lead):]
+    encoder = "_cross_encoder"
+    if target.endswith(encoder) and len(target) > len(encoder):
+        return "/".join([*parts, target.removesuffix(encoder), encoder.lstrip("_"), suffix])
+    return "/".join([*parts, target, suffix])
+
+
+def code_metric_name(stored: str) -> str:
+    """The code's name of a stored metric, whichever way the store names it."""
+    return stored.replace("/", "_")
 
 
 def measures(metrics: dict[str, float], prefix: str) -> dict[str, float]:

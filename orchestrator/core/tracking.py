@@ -100,19 +100,57 @@ def check_server(uri: str) -> None:
         raise InputError(uri, f"no MLflow tracking server answers there within {SERVER_TIMEOUT_SECONDS:.0f} s ({reason})") from None
 
 
+def _named_client(tracking_uri: str):
+    """An ``MlflowClient`` that stores metrics under their grouped names and hands runs back
+    under the code's (:func:`schema.stored_metric_name`): every read and write of the project
+    goes through it, so no caller ever sees two names for one metric, and stores written with
+    flat names read the same."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    def read(run):
+        # RunData has no setter: its metrics dict is replaced under the code's names (MLflow's own
+        # attribute, the dict its ``metrics`` property returns)
+        run.data._metrics = {schema.code_metric_name(k): v for k, v in run.data.metrics.items()}
+        return run
+
+    class NamedMetricsClient(MlflowClient):
+        def get_run(self, run_id):
+            return read(super().get_run(run_id))
+
+        def search_runs(self, *args, **kwargs):
+            runs = super().search_runs(*args, **kwargs)
+            for run in runs:
+                read(run)
+            return runs
+
+        def log_batch(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
+            stored = [Metric(schema.stored_metric_name(m.key), m.value, m.timestamp, m.step) for m in metrics]
+            return super().log_batch(run_id, metrics=stored, params=params, tags=tags, synchronous=synchronous)
+
+        def log_metric(self, run_id, key, value, *args, **kwargs):
+            return super().log_metric(run_id, schema.stored_metric_name(key), value, *args, **kwargs)
+
+        def get_metric_history(self, run_id, key):
+            history = super().get_metric_history(run_id, schema.stored_metric_name(key))
+            if not history and schema.stored_metric_name(key) != key:  # a store written with flat names
+                history = super().get_metric_history(run_id, key)
+            return [Metric(key, m.value, m.timestamp, m.step) for m in history]
+
+    return NamedMetricsClient(tracking_uri=tracking_uri)
+
+
 class Tracker:
     """A thin layer over ``MlflowClient`` for the runs rerank-lab writes."""
 
     def __init__(self, tracking_uri: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # per-file bars drown the report
-        from mlflow.tracking import MlflowClient
-
         if os.environ.get(LEVEL_ENV, "INFO") != "DEBUG":  # "Creating initial MLflow database tables..." and the like
             logging.getLogger("mlflow").setLevel(logging.WARNING)
 
         self.uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = _named_client(tracking_uri)
 
     # ------------------------------------------------------------------ experiments and runs
 

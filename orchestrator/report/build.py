@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
-from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, load_sweep_results, systems
+from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, load_sweep_results, systems, winners
 from orchestrator.report.tables import (
     RENDERERS,
     Table,
@@ -109,6 +109,10 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
             sweep_files += _write_table(table, out_dir / f"{stem}-{request.options.metric}-{label}", request.options.digits)
         if request.plots:
             sweep_files += _plots(results, prefix, label, request.options, out_dir)
+        chosen, chosen_files = winners_block(results, out_dir)
+        sweep_files += chosen_files
+        if chosen and request.output_format != "csv":
+            blocks.append(chosen)
         selectors = selector_block(tracker, results.experiment_id)
         if selectors and request.output_format != "csv":
             blocks.append(selectors)
@@ -135,6 +139,39 @@ def search_line(tracker: Tracker, results: SweepResults) -> str:
     return (f"Search ({results.sweep.search.pruner} pruner): {len(runs)} trial runs: {count['FINISHED']} complete, "
             f"{count['KILLED']} pruned{where}, {count['FAILED']} failed" + (f", {count['RUNNING']} running" if count["RUNNING"] else "")
             + "\n")
+
+
+PRINTED_WINNERS = 40  # more cells than this: the winners' table is in its files only
+
+
+def winners_block(results: SweepResults, out_dir: Path) -> tuple[str, list[Path]]:
+    """The tested cells' winning hyper-parameters (``winners.md`` and ``winners.csv``), under the
+    param names the MLflow UI compares; printed for grids of up to PRINTED_WINNERS cells."""
+    import csv
+    import io
+
+    rows = winners(results)
+    if not rows:
+        return "", []
+    last = (schema.BEST_OBJECTIVE, schema.TRIALS_COMPLETE)
+    columns = [*dict.fromkeys(name for row in rows for name in row if name not in last), *last]
+    values = [[row.get(name, "-") for name in columns] for row in rows]
+
+    def short(name: str, value: str) -> str:  # a searched value to 3 significant digits (the CSV keeps them all)
+        if name in schema.GRID_AXES or name in last:
+            return value
+        try:
+            return f"{float(value):.3g}"
+        except ValueError:
+            return value
+
+    markdown = "\n".join([f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}",
+                          *(f"| {' | '.join(short(n, v) for n, v in zip(columns, row))} |" for row in values)]) + "\n"
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows([columns, *values])
+    files = [_write(out_dir / "winners.md", markdown), _write(out_dir / "winners.csv", buffer.getvalue())]
+    title = f"Winners' hyper-parameters ({len(rows)} tested cells; {out_dir / 'winners.csv'})"
+    return (f"{title}\n\n{markdown}" if len(rows) <= PRINTED_WINNERS else f"{title}\n"), files
 
 
 def selector_block(tracker: Tracker, experiment_id: str) -> str:

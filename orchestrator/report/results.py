@@ -209,6 +209,26 @@ def load_sweep_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
     return SweepResults(sweep, experiment.experiment_id if experiment else None, results, RunReader(tracker))
 
 
+def winners(results: SweepResults) -> list[dict[str, str]]:
+    """Each tested cell's axes and winning hyper-parameters, under the names of the params its
+    MLflow runs carry (:func:`schema.comparison_params`), with its validation objective and
+    trial count. The values come from the cell's winner tag: MLflow keeps a param's first value,
+    the tag follows a winner that changed when more trials ran."""
+    import ast
+
+    rows = []
+    for result in results.cells:
+        if result.status != STATUS_OK:
+            continue
+        chosen = ast.literal_eval(result.run.data.tags.get(schema.WINNER_PARAMS_TAG, "{}"))
+        metrics = result.run.data.metrics
+        row = schema.comparison_params(result.axes, chosen)
+        row[schema.BEST_OBJECTIVE] = f"{metrics[schema.BEST_OBJECTIVE]:.4f}" if schema.BEST_OBJECTIVE in metrics else "-"
+        row[schema.TRIALS_COMPLETE] = str(int(metrics.get(schema.TRIALS_COMPLETE, 0)))
+        rows.append(row)
+    return rows
+
+
 # ----------------------------------------------------------------------------- systems
 
 SYSTEM_AXES = ("model", "loss", "augmentation", "size")

@@ -571,7 +571,8 @@ def experiment_description(sweep: SweepSpec, cells: list[Cell]) -> str:
         f"- Params on cells and trials alike: {', '.join(schema.GRID_AXES)}; searched: {', '.join(searched) or 'none'} "
         "(a cell holds its winner's values).",
         f"- Compare the cells: filter `tags.{schema.KIND_TAG} = 'cell'`, select them, Compare; plot a param against "
-        f"`{schema.target_prefix(schema.TEST)}ndcg_at_10` (test) or `{schema.BEST_OBJECTIVE}` (validation).",
+        f"`{schema.stored_metric_name(schema.target_prefix(schema.TEST) + 'ndcg_at_10')}` (test) or "
+        f"`{schema.stored_metric_name(schema.BEST_OBJECTIVE)}` (validation).",
         "- `orchestrate ui FILE` prints these links; `orchestrate report FILE` writes the paper table.",
     ])
 
@@ -617,11 +618,9 @@ def _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, v
     migrated = migrate_trial_axes(tracker, experiment_id, cell_runs)
     if migrated:
         log.info("%d trial run(s) of an earlier store now carry their cell's axis tags", migrated)
-    for cell in cells:
-        run = tracker.client.get_run(cell_runs[cell.key])
-        if f"{schema.first_stage_prefix('val')}ndcg_at_10" not in run.data.metrics:  # the cell's data, logged once
-            tracker.log_metrics(run.info.run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
-            tracker.log_json(run.info.run_id, "", "data_stats.json", prepared[cell.key].data_stats)
+    for cell in cells:  # the cell's data, logged once
+        if not any(a.path == "data_stats.json" for a in tracker.client.list_artifacts(cell_runs[cell.key])):
+            tracker.log_json(cell_runs[cell.key], "", "data_stats.json", prepared[cell.key].data_stats)
 
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url, interruption)
     closed = reconcile_trial_runs(tracker, experiment_id, searcher)
@@ -779,7 +778,10 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         except Exception as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
             tracker.fail(run_id, "evaluation", exc)
             raise
+        # after the test measures: MLflow's compare page plots a cell's first metric by default
         tracker.log_metrics(run_id, {schema.BEST_OBJECTIVE: winner.value, schema.TRIALS_COMPLETE: len(complete)})
+        if f"{schema.first_stage_prefix('val')}ndcg_at_10" not in tracker.run_metrics(run_id):
+            tracker.log_metrics(run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
         tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params),
                                   schema.TEST_DATA_TAG: test_data})
         tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})

@@ -16,8 +16,15 @@ SWEEP_ONLY = {"trials_complete"}
 def test_run_and_sweep_log_the_same_names(trial_run, failing_sweep):
     from mlflow.tracking import MlflowClient
 
+    from orchestrator.core.tracking import Tracker
+
     work, uri, report, _ = trial_run
-    run_metrics = set(MlflowClient(tracking_uri=uri).get_run(report["mlflow_run_id"]).data.metrics)
+    run_metrics = set(Tracker(uri).client.get_run(report["mlflow_run_id"]).data.metrics)
+    stored = set(MlflowClient(tracking_uri=uri).get_run(report["mlflow_run_id"]).data.metrics)
+    # the store groups a target's measures by slashes; the code reads them back under its own names
+    assert {"test/ndcg_at_10", "test/cross_encoder/ndcg_at_10", "bm25/test/ndcg_at_10", "best/val/ndcg_at_10",
+            "time_trial_seconds"} <= stored and "test_ndcg_at_10" not in stored
+    assert {name.replace("/", "_") for name in stored} == run_metrics
     _, _, sweep_uri, *_ = failing_sweep
     client, runs = mlflow_runs(sweep_uri, "tiny-fail")
     # the baseline cell (pointwise, no augmentation, tuned interpolation) is the same kind of trial as the run's

@@ -37,9 +37,9 @@ def test_run_tests_every_perturbed_set_and_the_report_compares_them_with_clean(t
     printed = orchestrate("run", str(path), "--storage", str(tmp_path / "ray"))
     assert "robustness: robust" in printed and "| mhl-tml |" in printed
 
-    import mlflow
+    from orchestrator.core.tracking import Tracker
 
-    client = mlflow.tracking.MlflowClient(uri)
+    client = Tracker(uri).client
     runs = client.search_runs([client.get_experiment_by_name("robust").experiment_id])
     assert len(runs) == 2
     test_queries = {"Q2": "what is a cat", "Q5": "why do dogs bark"}

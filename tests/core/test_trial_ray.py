@@ -26,10 +26,10 @@ def test_reports_validation_and_test_next_to_bm25(trial_run):
 
 
 def test_test_ranking_uses_the_weight_tuned_on_validation_at_the_best_epoch(trial_run):
-    from mlflow.tracking import MlflowClient
+    from orchestrator.core.tracking import Tracker
 
     _, uri, report, _ = trial_run
-    client = MlflowClient(tracking_uri=uri)
+    client = Tracker(uri).client
     run_id = report["mlflow_run_id"]
     history = {name: {m.step: m.value for m in client.get_metric_history(run_id, name)}
                for name in ("val_ndcg_at_10", "val_cross_encoder_ndcg_at_10", "val_interpolation_weight")}
@@ -45,10 +45,10 @@ def test_test_ranking_uses_the_weight_tuned_on_validation_at_the_best_epoch(tria
 
 
 def test_mlflow_run_holds_config_axes_epochs_metrics_and_artifacts(trial_run):
-    from mlflow.tracking import MlflowClient
+    from orchestrator.core.tracking import Tracker
 
     _, uri, report, _ = trial_run
-    client = MlflowClient(tracking_uri=uri)
+    client = Tracker(uri).client
     experiment = client.get_experiment_by_name("tiny-scifact")
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1
@@ -78,13 +78,13 @@ def test_checkpoints_per_epoch_in_safetensors(trial_run):
 
 
 def test_rerun_reuses_the_finished_run(trial_run):
-    from mlflow.tracking import MlflowClient
+    from orchestrator.core.tracking import Tracker
 
     _, uri, first, second = trial_run
     assert second["reused"] is True and second["mlflow_run_id"] == first["mlflow_run_id"]
     assert second["test"]["model"] == first["test"]["model"]
-    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("tiny-scifact")
-    assert len(MlflowClient(tracking_uri=uri).search_runs([experiment.experiment_id])) == 1
+    experiment = Tracker(uri).client.get_experiment_by_name("tiny-scifact")
+    assert len(Tracker(uri).client.search_runs([experiment.experiment_id])) == 1
 
 
 def test_worker_progress_reaches_the_driver_once(trial_run):

@@ -76,7 +76,9 @@ def store(tmp_path_factory):
         tracker.log_evaluation(run_id, "test_", _evaluation(test, QUERIES))
         tracker.log_evaluation(run_id, "zs_nfcorpus_test_", _evaluation(zero_shot, ZS_QUERIES))
         tracker.log_evaluation(run_id, "bm25_test_", _evaluation(FIRST_STAGE, QUERIES))
-        tracker.log_metrics(run_id, {"best_val_ndcg_at_10": validation})
+        tracker.log_metrics(run_id, {"best_val_ndcg_at_10": validation, "trials_complete": 1})
+        chosen = {"learning_rate": 3e-05, **({"lambda_": validation - 0.1, "k": 2} if key[1] == "bm25" else {})}
+        tracker.set_tags(run_id, {"winner_params": str(chosen)})  # as a sweep tags a cell with its winner's values
         tracker.finish(run_id)
     tracker.finish(runs[cells[("pointwise+scl", "bm25", "200")].key], "FAILED")
     config = work / "report-grid.yaml"
@@ -261,6 +263,10 @@ def test_report_cli_writes_tables_and_figures_and_logs_them(store):
     assert proc.stdout.count(r"\begin{tabular}") == 2  # grid and zero-shot tables
     written = sorted(p.name for p in (out / "report-grid").iterdir())
     assert "table-ndcg_at_10-scifact.md" in written and "zero-shot-ndcg_at_10-scifact.tex" in written
+    assert {"winners.md", "winners.csv"} <= set(written) and "Winners' hyper-parameters (4 tested cells" in proc.stdout
+    header = (out / "report-grid" / "winners.csv").read_text().splitlines()[0].split(",")
+    assert header == ["model", "loss", "augmentation", "size", "seed", "learning_rate", "lambda", "k",
+                      "best_val_ndcg_at_10", "trials_complete"]
     pngs = [p for p in (out / "report-grid").glob("*.png")]
     assert len(pngs) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     from orchestrator.core.schema import KIND_TAG, NOTE_TAG
@@ -272,6 +278,19 @@ def test_report_cli_writes_tables_and_figures_and_logs_them(store):
     assert set(written) <= logged
     # the sweep run's description in the MLflow UI is the table (Markdown), BM25 beside it
     assert "| BM25 (first stage) |" in root[0].data.tags[NOTE_TAG] and "pointwise+scl" in root[0].data.tags[NOTE_TAG]
+
+
+def test_winners_hyperparameters_carry_the_names_the_ui_compares(store):
+    from orchestrator.report.results import winners
+
+    rows = winners(_results(store))
+    assert len(rows) == 4  # the tested cells: neither the failed one nor those never run
+    scl = next(r for r in rows if r["loss"] == "pointwise+scl")
+    assert scl == {"model": "tiny", "loss": "pointwise+scl", "augmentation": "bm25", "size": "100", "seed": "13",
+                   "learning_rate": "3e-05", "lambda": str(0.45 - 0.1), "k": "2", "best_val_ndcg_at_10": "0.4500",
+                   "trials_complete": "1"}
+    baseline = next(r for r in rows if r["loss"] == "pointwise" and r["size"] == "200")
+    assert "lambda" not in baseline and baseline["learning_rate"] == "3e-05"
 
 
 def test_report_cli_bad_input_is_one_line_exit_2(store):
