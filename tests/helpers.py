@@ -1,5 +1,6 @@
 """Helpers of the end-to-end tests: tiny sweep and trial files, the CLI in a subprocess, MLflow look-ups."""
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -76,3 +77,73 @@ def held_out_scifact(root: Path, scifact_dir: Path) -> Path:
     kept = sorted({line.split()[0] for line in lines[1:]})[:HELD_OUT_QUERIES]
     (path / "qrels" / "test.tsv").write_text("\n".join([lines[0]] + [line for line in lines[1:] if line.split()[0] in kept]) + "\n")
     return path
+
+
+# The browser tests drive the system's Chromium (Debian: apt-get install chromium chromium-driver,
+# which .ci/run does). Where none can be installed they skip, except where this is set (CI):
+# there a missing browser fails.
+REQUIRE_BROWSER_ENV = "ORCHESTRATE_REQUIRE_BROWSER"
+
+
+def chromium_driver():
+    """A headless Chromium driven by Selenium, or the test skips (fails under REQUIRE_BROWSER_ENV)."""
+    import shutil
+
+    import pytest
+
+    binary = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    chromedriver = shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        webdriver = None
+    missing = [what for what, found in (("selenium", webdriver), ("chromium", binary), ("chromedriver", chromedriver))
+               if found is None]
+    if missing:
+        reason = f"no {', '.join(missing)}: apt-get install chromium chromium-driver; pip install selenium"
+        if os.environ.get(REQUIRE_BROWSER_ENV):
+            pytest.fail(f"{REQUIRE_BROWSER_ENV} is set and {reason}")
+        pytest.skip(reason)
+    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager never downloads a driver: the system's is given
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1400"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(chromedriver), options=options)
+
+
+@contextlib.contextmanager
+def serve_ui(work: Path, config: Path, uri: str, port: int, timeout: float = 120):
+    """`orchestrate ui CONFIG` in the background until the server answers; yields the links it
+    printed ({label: url}); stopped on exit."""
+    import signal
+    import time
+    import urllib.request
+
+    log_path = work / f"ui-{port}.err"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", str(config), "--tracking-uri", uri,
+                             "--port", str(port)], cwd=work, env=dict(os.environ), stdout=subprocess.DEVNULL,
+                            stderr=open(log_path, "w"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"orchestrate ui never answered on port {port}: {log_path.read_text()[-2000:]}")
+            time.sleep(0.5)
+        links = {}
+        for line in log_path.read_text().splitlines():
+            label, sep, url = line.removeprefix("[orchestrate]").strip().partition(": http")
+            if sep and " " not in url:
+                links[label] = "http" + url
+        yield links
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)

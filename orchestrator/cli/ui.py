@@ -83,12 +83,18 @@ def experiment_links(tracker, name: str, base: str) -> dict[str, str]:
     if experiment is None:
         raise InputError(name, f"no experiment '{name}' in {tracker.uri}: it has not run there (or give --tracking-uri)")
     eid = experiment.experiment_id
-    links = {"experiment": f"{base}/#/experiments/{eid}"}
+    view = "workflowType=machine_learning"  # MLflow 3's model-training view (else its GenAI one)
+    links = {"experiment": f"{base}/#/experiments/{eid}?{view}"}
     cells = tracker.runs_of_kind(eid, schema.CELL)
     if cells:
         search = quote(f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'")
-        links["cells"] = f"{base}/#/experiments/{eid}?searchFilter={search}"
-        # the query MLflow's own "Compare" button builds: JSON lists of run and experiment ids
-        runs = json.dumps([run.info.run_id for run in cells], separators=(",", ":"))
-        links["compare the cells"] = f"{base}/#/compare-runs?runs={quote(runs)}&experiments={quote(json.dumps([eid]))}"
+        links["cells"] = f"{base}/#/experiments/{eid}?{view}&searchFilter={search}"
+        # the tested cells (a failed or unfinished one has no test measure to plot, and the compare
+        # page plots only the metrics every compared run has), in the query MLflow's own "Compare"
+        # button builds: JSON lists of run and experiment ids
+        tested = [run for run in cells if run.info.status == "FINISHED"]
+        if tested:
+            runs = json.dumps([run.info.run_id for run in tested], separators=(",", ":"))
+            links["compare the tested cells"] = (f"{base}/#/compare-runs?runs={quote(runs)}&experiments="
+                                                 f"{quote(json.dumps([eid]))}&{view}")
     return links

@@ -638,7 +638,8 @@ def _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, v
     if interruption.is_set():
         raise Interrupted(mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs))
     try:
-        _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address)
+        first_stage_validation = {cell.key: prepared[cell.key].first_stage_validation for cell in cells}
+        _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, first_stage_validation)
     except KeyboardInterrupt:
         raise Interrupted(mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs)) from None
     root = tracker.sweep_run(experiment_id, sweep.name)
@@ -727,7 +728,8 @@ def mark_interrupted(tracker: Tracker, experiment_id: str, sweep: SweepSpec, sea
             f"cells tested; run the same command again to resume (running trials go on from their last checkpoint)")
 
 
-def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address) -> None:
+def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
+                      first_stage_validation: dict[str, dict[str, float]]) -> None:
     """Test every cell's winner (its best trial over all its trials) on every target with the
     lifecycle, all evaluations in flight at once. A cell already tested is tested again when its
     winner is no longer its best trial or its test data changed."""
@@ -753,8 +755,9 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         if run.info.status == "FINISHED":
             same_winner = run.data.tags.get(schema.WINNER_TAG) == child.info.run_id
             same_data = run.data.tags.get(schema.TEST_DATA_TAG, test_data) == test_data
-            if same_winner and same_data:
-                continue  # evaluated by an earlier invocation
+            if same_winner and same_data:  # evaluated by an earlier invocation
+                tracker.log_new_params(run_id, schema.comparison_params(cell.axes, winner.params))  # (older stores)
+                continue
             log.info("%s: testing again (%s)", cell.key, "its test data changed" if same_winner else
                      f"its best trial is now trial {winner.number}")
             previous = run.data.tags.get(schema.WINNER_TAG)
@@ -781,7 +784,7 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         # after the test measures: MLflow's compare page plots a cell's first metric by default
         tracker.log_metrics(run_id, {schema.BEST_OBJECTIVE: winner.value, schema.TRIALS_COMPLETE: len(complete)})
         if f"{schema.first_stage_prefix('val')}ndcg_at_10" not in tracker.run_metrics(run_id):
-            tracker.log_metrics(run_id, prepared[cell.key].first_stage_validation, prefix=schema.first_stage_prefix("val"))
+            tracker.log_metrics(run_id, first_stage_validation[cell.key], prefix=schema.first_stage_prefix("val"))
         tracker.set_tags(run_id, {schema.WINNER_TAG: child.info.run_id, schema.WINNER_PARAMS_TAG: str(winner.params),
                                   schema.TEST_DATA_TAG: test_data})
         tracker.set_tags(child.info.run_id, {schema.WINNER_TAG: "true"})

@@ -319,10 +319,52 @@ def test_ui_links_land_on_the_sweep_and_compare_its_cells(failing_sweep):
     tracker = Tracker(uri)
     links = experiment_links(tracker, "tiny-fail", "http://127.0.0.1:5000")
     eid = client.get_experiment_by_name("tiny-fail").experiment_id
-    assert links["experiment"] == f"http://127.0.0.1:5000/#/experiments/{eid}"
-    query = urllib.parse.parse_qs(links["compare the cells"].split("?", 1)[1])
-    assert sorted(json.loads(query["runs"][0])) == sorted(r.info.run_id for r in by_kind(runs, "cell"))
-    assert json.loads(query["experiments"][0]) == [eid]
+    assert links["experiment"] == f"http://127.0.0.1:5000/#/experiments/{eid}?workflowType=machine_learning"
+    query = urllib.parse.parse_qs(links["compare the tested cells"].split("?", 1)[1])
+    tested = [r.info.run_id for r in by_kind(runs, "cell") if r.info.status == "FINISHED"]
+    assert sorted(json.loads(query["runs"][0])) == sorted(tested) and len(tested) >= 2
+    assert json.loads(query["experiments"][0]) == [eid] and query["workflowType"] == ["machine_learning"]
     assert "rerank_lab.kind" in urllib.parse.unquote(links["cells"])
     with pytest.raises(InputError, match="no experiment 'nothing-here'"):
         experiment_links(tracker, "nothing-here", "http://127.0.0.1:5000")
+
+
+def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
+    """`orchestrate ui FILE` in headless Chromium: the cells' comparison lists the grid axes and
+    the searched hyper-parameters as parameters and plots a test measure; the screenshot stays
+    in the test's temporary directory."""
+    from tests.helpers import chromium_driver, free_port, serve_ui
+
+    work, spec, uri, *_ = failing_sweep
+    driver = chromium_driver()
+    port = free_port()
+    with serve_ui(work, spec, uri, port) as links:
+        try:
+            driver.get(links["compare the tested cells"])
+            plotted = wait_for_text(driver, "test/ndcg_at_10", selector="svg text")
+            page = driver.find_element("tag name", "body").text
+            driver.save_screenshot(str(tmp_path / "compare-cells.png"))
+        finally:
+            driver.quit()
+    parameters = page.split("\nParameters\n", 1)[1].split("\nMetrics\n", 1)[0]
+    for name in ("model", "loss", "augmentation", "size", "seed", "learning_rate", "lambda", "tau"):
+        assert f"\n{name} " in parameters, name  # a row of the compared parameters
+    assert "test/ndcg_at_10" in plotted  # the parallel coordinates' metric axis
+    assert {"lambda", "learning_rate", "loss"} & set(plotted)  # and hyper-parameter axes beside it
+    assert (tmp_path / "compare-cells.png").stat().st_size > 10_000
+
+
+def wait_for_text(driver, text: str, selector: str, timeout: float = 60) -> list[str]:
+    """The texts of the elements matching ``selector`` once one of them is ``text``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = driver.execute_script("return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent)",
+                                      selector)
+        if text in found:
+            return found
+        if time.monotonic() > deadline:
+            body = driver.find_element("tag name", "body").text
+            raise AssertionError(f"'{text}' never appeared in {selector} within {timeout:.0f} s; the page reads: {body[:1500]}")
+        time.sleep(0.5)
