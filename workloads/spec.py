@@ -34,11 +34,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+RM3_FIELDS = ("fb_terms", "fb_docs", "original_query_weight")  # first_stage fields of method rm3 only
+
+
 class FirstStageSpec(_Strict):
     """Where candidates and training negatives come from (``workloads.retrieval.first_stage``)."""
 
-    method: Literal["bm25", "given", "run", "scoreddocs"] = Field(
-        default="bm25", description="bm25: Pyserini BM25; given: the collection's own candidate lists (WikiQA); "
+    method: Literal["bm25", "rm3", "given", "run", "scoreddocs"] = Field(
+        default="bm25", description="bm25: Pyserini BM25; rm3: BM25 with RM3 query expansion (Pyserini's set_rm3); "
+                                    "given: the collection's own candidate lists (WikiQA); "
                                     "run: a TREC run file (path); scoreddocs: the run an ir_datasets collection ships "
                                     "(MS MARCO document's official top-100)")
     path: str | None = Field(default=None, description="run: the TREC run file ranking train, validation and test queries")
@@ -48,7 +52,11 @@ class FirstStageSpec(_Strict):
         default="build", min_length=1,
         description="bm25: build (index the corpus here, once per content), prebuilt (Pyserini's prebuilt index of "
                     "the collection: msmarco-v1-doc for msmarco-document, beir-v1.0.0-<name>.flat for beir/<name>; "
-                    "downloaded once), or the name of a Pyserini prebuilt index")
+                    "downloaded once), or the name of a Pyserini prebuilt index; rm3: the same (a prebuilt index "
+                    "must store document vectors)")
+    fb_terms: int = Field(default=10, ge=1, description="rm3: expansion terms added to the query")
+    fb_docs: int = Field(default=10, ge=1, description="rm3: top BM25 documents the relevance model is estimated on")
+    original_query_weight: float = Field(default=0.5, ge=0, le=1, description="rm3: the original query's weight")
     train_depth: int = Field(default=100, ge=2, description="top-k of training queries that negatives are drawn from")
     validation_depth: int = Field(default=100, ge=1, description="top-k re-ranked for validation")
     test_depth: int = Field(default=100, ge=1, description="top-k re-ranked for test (100, as the method specifies)")
@@ -59,10 +67,15 @@ class FirstStageSpec(_Strict):
             raise ValueError("method 'run' needs path (a TREC run file)")
         if self.method != "run" and self.path:
             raise ValueError(f"path has no effect with method '{self.method}'")
-        if self.method != "bm25" and (self.k1, self.b) != (type(self).model_fields["k1"].default, type(self).model_fields["b"].default):
-            raise ValueError(f"k1 and b belong to bm25, not to method '{self.method}'")
-        if self.method != "bm25" and self.index != "build":
-            raise ValueError(f"index belongs to bm25, not to method '{self.method}'")
+        defaults = {name: field.default for name, field in type(self).model_fields.items()}
+        searches = self.method in ("bm25", "rm3")
+        if not searches and (self.k1, self.b) != (defaults["k1"], defaults["b"]):
+            raise ValueError(f"k1 and b belong to bm25 and rm3, not to method '{self.method}'")
+        if not searches and self.index != "build":
+            raise ValueError(f"index belongs to bm25 and rm3, not to method '{self.method}'")
+        feedback = [f for f in RM3_FIELDS if getattr(self, f) != defaults[f]]
+        if self.method != "rm3" and feedback:
+            raise ValueError(f"{', '.join(feedback)} belong to rm3, not to method '{self.method}'")
         if "/" in self.index:  # a path would key runs by its name only, whatever it holds
             raise ValueError(f"index '{self.index}': give build, prebuilt or a Pyserini prebuilt index's name, not a path")
         return self

@@ -9,7 +9,8 @@ from pathlib import Path
 from orchestrator.cli.output import HelpFormatter, add_address, add_tracking, emit, metrics_table
 from workloads.errors import InputError
 
-FIRST_STAGE_NAMES = {"bm25": "BM25", "given": "given order", "run": "run file"}  # first_stage.method -> a row label
+# first_stage.method -> a row label
+FIRST_STAGE_NAMES = {"bm25": "BM25", "rm3": "BM25+RM3", "given": "given order", "run": "run file", "scoreddocs": "shipped run"}
 
 
 def add_parser(sub, common) -> None:

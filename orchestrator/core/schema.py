@@ -253,7 +253,10 @@ _ALWAYS_KEYED_LOSS_PARAMETERS = frozenset({"margin", "lambda_", "tau", "contrast
 
 def _added_first_stage_fields(first_stage) -> set[str]:
     """First-stage fields at the value they reproduce, added after trials were first keyed."""
-    return ({"path"} if first_stage.path is None else set()) | ({"index"} if first_stage.index == "build" else set())
+    from workloads.spec import RM3_FIELDS
+
+    return (({"path"} if first_stage.path is None else set()) | ({"index"} if first_stage.index == "build" else set())
+            | (set(RM3_FIELDS) if first_stage.method != "rm3" else set()))
 
 
 def trial_key(spec: TrialSpec) -> str:
@@ -281,8 +284,10 @@ def trial_key(spec: TrialSpec) -> str:
     exclude["first_stage"] = _added_first_stage_fields(spec.first_stage)
     exclude["data"] = {f: True for f in ("test_perturbation", "test_first_stage", "validation_cap")
                        if getattr(spec.data, f) is None}  # added later
-    if spec.data.test_first_stage is not None and spec.data.test_first_stage.index == "build":
-        exclude["data"]["test_first_stage"] = {"index": True}  # (its path was keyed from the start)
+    if spec.data.test_first_stage is not None:  # (its path was keyed from the start)
+        added = _added_first_stage_fields(spec.data.test_first_stage) - {"path"}
+        if added:
+            exclude["data"]["test_first_stage"] = {f: True for f in added}
     if not spec.robustness:
         exclude["robustness"] = True
     if spec.training_data.negatives == 1:

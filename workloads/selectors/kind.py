@@ -18,6 +18,7 @@ from workloads.paths import cache_dir, stable_key
 from workloads.selectors import SELECTORS
 from workloads.selectors.spec import SelectorSpec
 from workloads.spec import (
+    RM3_FIELDS,
     DataSpec,
     FirstStageSpec,
     ModelSpec,
@@ -71,6 +72,7 @@ def selector_key(spec: SelectorTrialSpec) -> str:
     # first_stage.path left out while unset, index while build: they came after selectors were first keyed
     first_stage = {"test_depth"} | ({"path"} if spec.first_stage.path is None else set())
     first_stage |= {"index"} if spec.first_stage.index == "build" else set()
+    first_stage |= set(RM3_FIELDS) if spec.first_stage.method != "rm3" else set()  # (came later too)
     training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
     data = {"test_collection", "test_split", "test_perturbation", "test_first_stage"}
     data |= {"validation_cap"} if spec.data.validation_cap is None else set()  # added after selectors were first keyed
