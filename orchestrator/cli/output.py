@@ -32,7 +32,7 @@ def emit(*parts: object) -> None:
 
 
 def metrics_table(rows: list[tuple[str, dict[str, float]]]) -> str:
-    names = list(MEASURES)
+    names = [n for n in MEASURES if any(n in metrics for _, metrics in rows)]  # the measures the rows have
     width = max([28] + [len(label) + 2 for label, _ in rows])
     header = f"{'':<{width}}" + "".join(f"{DISPLAY_NAMES[n]:>9}" for n in names)
     lines = [header]

@@ -146,6 +146,8 @@ class Tracker:
     def __init__(self, tracking_uri: str):
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # per-file bars drown the report
+        import mlflow.tracking  # noqa: F401  (first: importing MLflow sets its logger's level)
+
         if os.environ.get(LEVEL_ENV, "INFO") != "DEBUG":  # "Creating initial MLflow database tables..." and the like
             logging.getLogger("mlflow").setLevel(logging.WARNING)
 

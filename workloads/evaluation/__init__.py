@@ -24,11 +24,20 @@ MEASURES: dict[str, str] = {
     "ap": "AP(rel={rel})",
     "map_at_20": "AP(rel={rel})@20",
     "p_at_1": "P(rel={rel})@1",
+    # first-stage quality (query expansion): recall, and top-k accuracy (a relevant document in the top k)
+    "recall_at_100": "R(rel={rel})@100",
+    "success_at_5": "Success(rel={rel})@5",
+    "success_at_20": "Success(rel={rel})@20",
+    "success_at_100": "Success(rel={rel})@100",
 }
+# What a trial measures on every target (the measures above the comment; the others are asked for)
+RERANKING_MEASURES = ("ndcg_at_10", "ndcg_at_20", "rr_at_10", "rr_at_100", "ap", "map_at_20", "p_at_1")
+RETRIEVAL_MEASURES = ("ndcg_at_10", "recall_at_100", "success_at_5", "success_at_20", "success_at_100")
 PRIMARY_METRIC = "ndcg_at_10"
 DISPLAY_NAMES = {
     "ndcg_at_10": "nDCG@10", "ndcg_at_20": "nDCG@20", "rr_at_10": "RR@10", "rr_at_100": "RR@100",
-    "ap": "AP", "map_at_20": "MAP@20", "p_at_1": "P@1",
+    "ap": "AP", "map_at_20": "MAP@20", "p_at_1": "P@1", "recall_at_100": "R@100", "success_at_5": "S@5",
+    "success_at_20": "S@20", "success_at_100": "S@100",
 }
 
 
@@ -42,7 +51,7 @@ class Evaluation:
     num_queries: int
 
 
-def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = tuple(MEASURES)) -> Evaluation:
+def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = RERANKING_MEASURES) -> Evaluation:
     """Score ``run`` against ``qrels``; queries judged but absent from the run score 0.
 
     Queries without any judgement are ignored (trec_eval's default); queries judged but
