@@ -37,6 +37,27 @@ class _Strict(BaseModel):
 RM3_FIELDS = ("fb_terms", "fb_docs", "original_query_weight")  # first_stage fields of method rm3 only
 
 
+class ExpansionSpec(_Strict):
+    """Where a query's expansions come from (EAR's first step; ``workloads.expansion.sources``)."""
+
+    source: Literal["pseudo_relevance", "file"] = Field(
+        default="pseudo_relevance", description="pseudo_relevance: sentences, titles and term samples of the query's "
+                                                "BM25 top documents, drawn at random; file: a JSONL of query_id, expansion")
+    n: int = Field(default=20, ge=1, le=200, description="expansions per query")
+    seed: int = Field(default=0, description="the draws (pseudo_relevance) are a function of it")
+    path: str | None = Field(default=None, description="file: the JSONL file ({query_id, expansion} per line)")
+    feedback_docs: int = Field(default=10, ge=1, description="pseudo_relevance: BM25's top documents drawn from")
+    terms: int = Field(default=10, ge=1, description="pseudo_relevance: terms in one term-sample expansion")
+
+    @model_validator(mode="after")
+    def _source_options(self) -> ExpansionSpec:
+        if self.source == "file" and not self.path:
+            raise ValueError("source 'file' needs path (a JSONL of query_id, expansion)")
+        if self.source != "file" and self.path:
+            raise ValueError(f"path has no effect with source '{self.source}'")
+        return self
+
+
 class FirstStageSpec(_Strict):
     """Where candidates and training negatives come from (``workloads.retrieval.first_stage``)."""
 

@@ -22,7 +22,7 @@ from workloads.logs import configure as configure_logging
 log = get_logger("orchestrate")
 
 EXIT_INPUT_ERROR = 2
-COMMANDS = ("bm25", "prepare", "run", "augment", "perturb", "sweep", "status", "runs", "report", "compare", "ui", "reset")
+COMMANDS = ("bm25", "expand", "prepare", "run", "augment", "perturb", "sweep", "status", "runs", "report", "compare", "ui", "reset")
 # file system errors that are the user's situation, not a bug: one line naming the path
 _USER_ERRNOS = {errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EPERM}
 

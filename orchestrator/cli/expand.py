@@ -1,0 +1,67 @@
+"""``orchestrate expand``: how much expanded queries can do for BM25 on a collection split, before
+any reranker is trained (EAR's headroom)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from orchestrator.cli.output import HelpFormatter, bounded, emit, metrics_table
+
+LABELS = {"bm25": "BM25", "rm3": "BM25+RM3", "first": "first expansion", "concatenated": "all expansions, concatenated",
+          "oracle": "oracle (best expansion)"}
+
+
+def add_parser(sub, common) -> None:
+    parser = sub.add_parser("expand", help="expansions of a split's queries and what BM25 does with them: the first, all "
+                                           "concatenated, the oracle's best (EAR's headroom), beside BM25 and RM3",
+                            parents=[common], formatter_class=HelpFormatter)
+    parser.add_argument("--dataset", required=True, help="beir/<name>, a directory, or an ir_datasets id")
+    parser.add_argument("--split", default="test", help="the split whose queries are expanded and judged")
+    parser.add_argument("--source", default="pseudo_relevance", help="pseudo_relevance or file")
+    parser.add_argument("--path", help="--source file: a JSONL of {query_id, expansion}")
+    parser.add_argument("--n", type=bounded(int, 1, 200, what="expansions per query"), default=20, help="expansions per query")
+    parser.add_argument("--seed", type=int, default=0, help="the draws of pseudo_relevance")
+    parser.add_argument("--depth", type=bounded(int, 1, what="hits per query"), default=100, help="hits per query")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from workloads.data.collections import resolve_collection
+    from workloads.errors import InputError
+    from workloads.evaluation import RETRIEVAL_MEASURES, evaluate
+    from workloads.evaluation.significance import paired_test
+    from workloads.expansion.retrieval import SYSTEMS, unchosen_systems
+    from workloads.expansion.sources import expansions
+    from workloads.spec import ExpansionSpec
+
+    try:
+        spec = ExpansionSpec(source=args.source, n=args.n, seed=args.seed, path=args.path)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise InputError("--source" if error["loc"] else "expand", error["msg"].removeprefix("Value error, ")) from None
+    collection = resolve_collection(args.dataset)
+    queries = collection.split_queries(args.split)
+    qrels = collection.split_qrels(args.split)
+    expanded = expansions(collection, queries, spec)
+    runs = unchosen_systems(collection, queries, expanded, qrels, collection.relevance_level, args.depth)
+    evaluations = {name: evaluate(runs[name], qrels, collection.relevance_level, RETRIEVAL_MEASURES) for name in SYSTEMS}
+    p_values = {name: paired_test(evaluations[name].per_query["ndcg_at_10"], evaluations["bm25"].per_query["ndcg_at_10"]).p_value
+                for name in SYSTEMS if name != "bm25"}
+    if args.json:
+        emit(json.dumps({"dataset": args.dataset, "split": args.split, "expansion": spec.model_dump(), "depth": args.depth,
+                         "queries": evaluations["bm25"].num_queries,
+                         "systems": {name: {"metrics": evaluations[name].aggregate, "p_value_vs_bm25": p_values.get(name)}
+                                     for name in SYSTEMS},
+                         "example": {qid: expanded[qid][:3] for qid in list(queries)[:2]}}, indent=2))
+        return 0
+    emit(f"{args.dataset} {args.split}: {evaluations['bm25'].num_queries} queries, {spec.n} {spec.source} expansions each "
+         f"(seed {spec.seed}), BM25 top-{args.depth}")
+    emit(metrics_table([(LABELS[name], evaluations[name].aggregate) for name in SYSTEMS]))
+    emit("nDCG@10 against BM25 (paired t-test): " + ", ".join(f"{LABELS[n]} p={p:.3g}" for n, p in p_values.items()))
+    headroom = evaluations["oracle"].aggregate["ndcg_at_10"] - evaluations["bm25"].aggregate["ndcg_at_10"]
+    emit(f"headroom of choosing an expansion (oracle - BM25, nDCG@10): {headroom:+.4f}")
+    return 0

@@ -1,0 +1,142 @@
+"""Query expansion for EAR: sources deterministic by seed, labels from BM25 runs, the loss by hand."""
+
+import json
+
+import pytest
+import torch
+
+from tests.workloads.test_collections import write_beir
+from workloads.data.collections import resolve_collection
+from workloads.errors import InputError
+from workloads.spec import ExpansionSpec
+
+# Four documents about pets and filler that keeps every word rare (Anserini's BM25 needs no
+# filler; the pseudo-relevance draws read the top documents).
+DOCS = [{"_id": "cat", "title": "Cats", "text": "A cat purrs when content. Cats chase mice at night."},
+        {"_id": "dog", "title": "Dogs", "text": "A dog barks at strangers. Dogs fetch sticks."},
+        {"_id": "fish", "title": "", "text": "Goldfish swim in bowls."},
+        {"_id": "bird", "title": "Birds", "text": "Parrots talk and sing."},
+        *({"_id": f"f{i}", "title": "", "text": f"filler text number {i}"} for i in range(12))]
+
+
+@pytest.fixture
+def pets(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_beir(tmp_path / "pets", corpus_lines=DOCS, qrels_text="query-id\tcorpus-id\tscore\nq1\tmice\t1\n")
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in (
+        {"_id": "q1", "text": "which pet purrs"}, {"_id": "q2", "text": "which pet barks"})))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tcat\t1\nq2\tdog\t1\n")
+    return resolve_collection(str(root)), tmp_path
+
+
+def test_pseudo_relevance_expansions_are_a_function_of_the_seed(pets):
+    from workloads.expansion.sources import STOP_WORDS, expansions
+
+    collection, _ = pets
+    queries = {"q1": "which pet purrs", "q2": "which pet barks"}
+    spec = ExpansionSpec(n=12, seed=3, feedback_docs=2, terms=3)
+    first = expansions(collection, queries, spec)
+    assert first == expansions(collection, queries, ExpansionSpec(n=12, seed=3, feedback_docs=2, terms=3))  # cached, same
+    from workloads.expansion.sources import pseudo_relevance
+
+    assert pseudo_relevance(collection, queries, spec) == first  # and the same when computed again
+    other = expansions(collection, queries, spec.model_copy(update={"seed": 4}))
+    assert other != first and all(len(v) == 12 for v in (*first.values(), *other.values()))
+    # every draw comes from the query's top documents: a sentence, a title or terms of them
+    cat = DOCS[0]
+    sentences = {"A cat purrs when content.", "Cats chase mice at night."}
+    for text in first["q1"]:
+        words = set(text.lower().replace(".", "").split())
+        assert text in sentences or text == "Cats" or (len(words) <= 3 and words <= set(
+            (cat["title"] + " " + cat["text"] + " " + DOCS[1]["title"] + " " + DOCS[1]["text"]).lower().replace(".", "").split())
+            and not words & (STOP_WORDS | {"which", "pet", "purrs"})), text
+    assert {"sentence", "title", "terms"} == {"sentence" if t in sentences else "title" if t == "Cats" else "terms"
+                                              for t in first["q1"]}
+
+
+def test_expansions_from_a_file_and_its_bad_input(pets):
+    from workloads.expansion.sources import expansions
+
+    collection, tmp_path = pets
+    queries = {"q1": "which pet purrs", "q2": "which pet barks"}
+    path = tmp_path / "gar.jsonl"
+    path.write_text("".join(json.dumps({"query_id": q, "expansion": e}) + "\n" for q, e in
+                        [("q1", "cat"), ("q2", "dog"), ("q1", "mice"), ("q2", "sticks"), ("q1", "night")]))
+    assert expansions(collection, queries, ExpansionSpec(source="file", path=str(path), n=2)) == {
+        "q1": ["cat", "mice"], "q2": ["dog", "sticks"]}
+    with pytest.raises(InputError, match="1 of the 2 queries have fewer than n=3 expansions"):
+        expansions(collection, queries, ExpansionSpec(source="file", path=str(path), n=3))
+    path.write_text(json.dumps({"query_id": "q9", "expansion": "x"}) + "\n")
+    with pytest.raises(InputError, match="1 query ids are not queries of"):
+        expansions(collection, queries, ExpansionSpec(source="file", path=str(path), n=1))
+    path.write_text('{"query": "q1"}\n')
+    with pytest.raises(InputError, match=r"gar.jsonl:1: not a JSON object"):
+        expansions(collection, queries, ExpansionSpec(source="file", path=str(path), n=1))
+    with pytest.raises(ValueError, match="source 'file' needs path"):
+        ExpansionSpec(source="file")
+
+
+def test_labels_are_the_best_rank_of_a_relevant_document_in_each_expanded_bm25_run(pets):
+    """r_i by hand: each expanded query searched on its own (one BM25 call per query) gives the
+    same rankings as the one batched search, and the rank of its first relevant document."""
+    from workloads.expansion.retrieval import best_rank, expansion_ranks, expansion_runs
+    from workloads.retrieval.bm25 import retrieve
+
+    collection, _ = pets
+    queries = {"q1": "which pet purrs", "q2": "which pet barks"}
+    expanded = {"q1": ["dogs fetch sticks", "chase mice", "goldfish"], "q2": ["barks at strangers", "parrots sing", "purrs"]}
+    runs = expansion_runs(collection, queries, expanded, depth=3)
+    for qid, text in queries.items():
+        for i, expansion in enumerate(expanded[qid]):
+            alone, _ = retrieve(collection, {qid: f"{text} {expansion}"}, k=3)
+            assert runs[qid][i] == alone[qid], (qid, i)
+    ranks = expansion_ranks(runs, collection.split_qrels("test"), 1, max_rank=10)
+    # q1 (relevant: cat): "dogs fetch sticks" matches dog three times, "chase mice" adds to cat's
+    # "purrs", "goldfish" matches the shorter fish document as well as "purrs" matches cat's;
+    # q2 (relevant: dog): "barks at strangers" adds to dog, "parrots sing" puts bird first,
+    # "purrs" ties cat with dog's "barks" and cat's longer document loses
+    assert ranks == {"q1": [2, 1, 2], "q2": [1, 2, 1]}
+    assert best_rank({"a": 3.0, "b": 2.0}, {"z": 1}, 1, max_rank=7) == 7  # no relevant document: MAX_RANK
+
+
+def test_ear_loss_by_hand():
+    from workloads.expansion.loss import ear_loss
+
+    scores = torch.tensor([[0.5, 0.2, 0.95]])  # M(q, e_i): estimates of the rank, lower is better
+    ranks = torch.tensor([[1, 3, 10]])          # r_i (10: MAX_RANK, no relevant document)
+    alpha = 0.1
+    # pairs r_i < r_j: (0,1): max(0, 0.5-0.2 + 2*0.1) = 0.5; (0,2): max(0, 0.5-0.95 + 9*0.1) = 0.45;
+    # (1,2): max(0, 0.2-0.95 + 7*0.1) = 0
+    assert ear_loss(scores, ranks, alpha).item() == pytest.approx(0.95)
+    # equal labels add nothing; a batch is the mean of its queries' sums
+    batch = ear_loss(torch.tensor([[0.5, 0.2, 0.95], [0.0, 5.0, 1.0]]), torch.tensor([[1, 3, 10], [4, 4, 4]]), alpha)
+    assert batch.item() == pytest.approx(0.475)
+    scores = torch.tensor([[0.5, 0.2, 0.95]], requires_grad=True)
+    ear_loss(scores, ranks, alpha).backward()  # the better expansion is pushed down, the worse up
+    assert scores.grad.tolist() == [[2.0, -1.0, -1.0]]
+
+
+def test_orchestrate_expand_measures_the_unchosen_systems_and_refuses_bad_input(pets):
+    from tests.core.test_offline import assert_one_clear_line
+    from tests.helpers import orchestrate
+
+    collection, tmp_path = pets
+    root = str(tmp_path / "pets")
+    proc = orchestrate(tmp_path, "expand", "--dataset", root, "--n", "6", "--depth", "5", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    systems = json.loads(proc.stdout)["systems"]
+    assert list(systems) == ["bm25", "rm3", "first", "concatenated", "oracle"]
+    for measure in ("success_at_5", "recall_at_100", "ndcg_at_10"):  # the oracle picks each query's best: never below the first
+        assert systems["oracle"]["metrics"][measure] >= systems["first"]["metrics"][measure]
+    assert systems["bm25"]["p_value_vs_bm25"] is None and 0 <= systems["oracle"]["p_value_vs_bm25"] <= 1
+    assert_one_clear_line(orchestrate(tmp_path, "expand", "--dataset", root, "--source", "file"),
+                          "source 'file' needs path")
+    missing = tmp_path / "none.jsonl"
+    assert_one_clear_line(orchestrate(tmp_path, "expand", "--dataset", root, "--source", "file", "--path", str(missing)),
+                          "none.jsonl", "no such file")
+
+
+def test_the_sources_registry_is_the_spec():
+    from workloads.expansion.sources import EXPANSION_SOURCES
+
+    assert set(EXPANSION_SOURCES) == set(ExpansionSpec.model_fields["source"].annotation.__args__)

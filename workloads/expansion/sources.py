@@ -1,0 +1,123 @@
+"""Expansion sources: ``n`` candidate expansions per query (EAR's first step), cached by content.
+
+``EXPANSION_SOURCES`` is the registry, keyed by ``expansion.source``:
+
+- ``pseudo_relevance``: text drawn from the query's BM25 top ``feedback_docs`` documents, the
+  three kinds of context a GAR generator writes (an answer-bearing sentence, a title, a few
+  terms): each expansion picks one kind at random, then one sentence, one title, or
+  ``terms`` terms sampled by their frequency in those documents (stop words and the query's
+  own terms left out). Extractive: it needs no generator, so it runs offline on any
+  collection; every draw is a function of (seed, query id, expansion number).
+- ``file``: expansions written elsewhere (a published GAR output, an LLM's samples): a JSONL
+  file of ``{"query_id": ..., "expansion": ...}`` lines, the first ``n`` of each query in
+  file order.
+
+The first expansion of a query is its "greedy" one (the first a generator writes, the first
+a file lists); systems that use one expansion without choosing use it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from workloads.data.collections import Collection, remembered_file_hash
+from workloads.errors import InputError
+from workloads.paths import atomic_path, cache_dir, stable_key
+from workloads.seeds import derived_seed
+from workloads.text.sentences import SPLITTER_VERSION, split_sentences
+from workloads.text.tokens import tokenize
+
+Expansions = dict[str, list[str]]  # query id -> its expansions, in draw order (the first is the greedy one)
+ExpansionSource = Callable[[Collection, dict[str, str], object], Expansions]
+
+# Lucene's English stop set, which Anserini's analyzer drops from every query: a term sample
+# spends none of its terms on them.
+STOP_WORDS = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then "
+                       "there these they this to was will with".split())
+
+
+def pseudo_relevance(collection: Collection, queries: dict[str, str], spec) -> Expansions:
+    from workloads.retrieval.bm25 import read_trec_run, retrieved_run
+
+    run = read_trec_run(retrieved_run(collection, queries, k=spec.feedback_docs))
+    out: Expansions = {}
+    for qid, text in queries.items():
+        top = sorted(run.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))[:spec.feedback_docs]
+        documents = [collection.document(doc_id) for doc_id, _ in top]
+        titles = [" ".join(d.title.split()) for d in documents if d.title.strip()]
+        sentences = [s for d in documents for s in split_sentences(d.text)]
+        own = set(tokenize(text))
+        counts = Counter(t for d in documents for t in tokenize(d.contents)
+                         if t not in STOP_WORDS and t not in own and not t.isdigit() and len(t) > 1)
+        terms, weights = list(counts), np.array(list(counts.values()), dtype=float)
+        kinds = [kind for kind, available in (("sentence", sentences), ("title", titles), ("terms", terms)) if available]
+        if not kinds:  # nothing retrieved for it: the query alone, n times (it still has n candidates)
+            out[qid] = [""] * spec.n
+            continue
+        drawn = []
+        for i in range(spec.n):
+            rng = np.random.default_rng(derived_seed("pseudo_relevance", spec.seed, qid, i))
+            kind = kinds[rng.integers(len(kinds))]
+            if kind == "sentence":
+                drawn.append(sentences[rng.integers(len(sentences))])
+            elif kind == "title":
+                drawn.append(titles[rng.integers(len(titles))])
+            else:
+                size = min(spec.terms, len(terms))
+                picked = rng.choice(len(terms), size=size, replace=False, p=weights / weights.sum())
+                drawn.append(" ".join(terms[j] for j in sorted(picked)))
+        out[qid] = drawn
+    return out
+
+
+def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansions:
+    path = Path(spec.path).expanduser()
+    if not path.is_file():
+        raise InputError(spec.path, "expansion path: no such file")
+    found: Expansions = {}
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                qid, expansion = str(record["query_id"]), str(record["expansion"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise InputError(f"{path}:{line_no}", 'not a JSON object with "query_id" and "expansion"') from None
+            found.setdefault(qid, []).append(expansion)
+    unknown = sorted(set(found) - set(collection.queries))
+    if unknown:
+        raise InputError(path, f"{len(unknown)} query ids are not queries of {collection.name} (e.g. '{unknown[0]}')")
+    short = sorted(q for q in queries if len(found.get(q, [])) < spec.n)
+    if short:
+        raise InputError(path, f"{len(short)} of the {len(queries):,} queries have fewer than n={spec.n} expansions "
+                               f"(e.g. '{short[0]}': {len(found.get(short[0], []))})")
+    return {qid: found[qid][:spec.n] for qid in queries}
+
+
+EXPANSION_SOURCES: dict[str, ExpansionSource] = {"pseudo_relevance": pseudo_relevance, "file": from_file}
+
+
+def expansions(collection: Collection, queries: dict[str, str], spec) -> Expansions:
+    """The expansions of ``queries`` under ``spec`` (an ExpansionSpec), cached by (corpus, queries,
+    spec, the file's content): computed once, read back after."""
+    if not queries:
+        raise InputError(collection.name, "no queries to expand")
+    content = remembered_file_hash(Path(spec.path).expanduser()) if spec.source == "file" and Path(spec.path).expanduser().is_file() else ""
+    key = stable_key(collection.fingerprint, sorted(queries.items()), spec.model_dump_json(), content,
+                     f"sentences-v{SPLITTER_VERSION}")
+    path = cache_dir() / "expansions" / f"{spec.source}-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    made = EXPANSION_SOURCES[spec.source](collection, queries, spec)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(made), encoding="utf-8")
+    return made
+
+
+__all__ = ["EXPANSION_SOURCES", "Expansions", "expansions"]
