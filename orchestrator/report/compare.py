@@ -42,7 +42,7 @@ def _describe(run, first_stage: bool) -> str:
 def _prefix(tracker: Tracker, run, collection: str | None, first_stage: bool) -> str:
     """The per-query artifact of ``collection`` (``test`` by default, or a zero-shot name),
     the first stage's with ``first_stage``."""
-    available = sorted(Path(a.path).stem for a in tracker.client.list_artifacts(run.info.run_id, "per_query"))
+    available = sorted(Path(a.path).stem for a in tracker.run_artifacts(run).list_artifacts("per_query"))
     wanted = schema.TEST if collection in (None, schema.TEST) else collection
     for target in (wanted, schema.zero_shot_target(wanted, "test")):
         prefix = schema.first_stage_prefix(target) if first_stage else schema.target_prefix(target)

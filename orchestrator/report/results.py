@@ -60,6 +60,8 @@ class RunReader:
     def __init__(self, tracker: Tracker):
         self.tracker = tracker
         self._cache: dict[tuple[str, str], PerQuery | None] = {}
+        self._artifacts: dict[str, object] = {}   # run id -> its artifact repository
+        self._listed: dict[str, set[str]] = {}    # run id -> the names of its per-query files
 
     def per_query(self, run, prefix: str) -> PerQuery | None:
         """The run's per-query values under ``prefix`` (None when it has none)."""
@@ -71,11 +73,13 @@ class RunReader:
     def _load(self, run, prefix: str) -> PerQuery | None:
         run_id = run.info.run_id
         name = f"{prefix.rstrip('_')}.json"
-        listed = {Path(a.path).name for a in self.tracker.client.list_artifacts(run_id, "per_query")}
-        if name not in listed:
+        if run_id not in self._artifacts:
+            self._artifacts[run_id] = self.tracker.run_artifacts(run)
+            self._listed[run_id] = {Path(a.path).name for a in self._artifacts[run_id].list_artifacts("per_query")}
+        if name not in self._listed[run_id]:
             return None
         with tempfile.TemporaryDirectory() as tmp:
-            local = self.tracker.client.download_artifacts(run_id, f"per_query/{name}", tmp)
+            local = self._artifacts[run_id].download_artifacts(f"per_query/{name}", tmp)
             payload = json.loads(Path(local).read_text())
         per_query = PerQuery(run_id, prefix, payload["per_query"], int(payload.get("relevance_level", 1)))
         self._cross_check(run, per_query)

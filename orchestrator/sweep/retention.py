@@ -11,7 +11,7 @@ from pathlib import Path
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.grid import Cell, SweepSpec
-from orchestrator.sweep.search import COUNTED, TRAIN_RUN
+from orchestrator.sweep.search import COUNTED, TRAIN_RUN, optuna_storage
 
 
 def keep_chosen_and_last(train_run: Path, chosen: str | Path) -> None:
@@ -49,7 +49,7 @@ def keep_winners(sweep: SweepSpec, tracker: Tracker, cells: list[Cell], cell_run
             tracker.set_tags(run.info.run_id, {schema.MODEL_TAG: winner_run})
         if sweep.storage.keep != "winners":
             continue
-        study = optuna.load_study(study_name=cell.key, storage=optuna_url)
+        study = optuna.load_study(study_name=cell.key, storage=optuna_storage(optuna_url))
         for trial in study.get_trials(deepcopy=False):
             ended = trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) or (
                 trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get(COUNTED))  # never run again
