@@ -56,5 +56,8 @@ def run(args: argparse.Namespace) -> int:
             for child in paths.root.iterdir():
                 if child.name != "sweep.lock":
                     shutil.rmtree(child) if child.is_dir() else child.unlink()
+            from orchestrator.sweep.search import optuna_storage
+
+            optuna_storage.cache_clear()  # a storage this process opened points at the removed file
     emit(f"sweep {sweep.name} reset: removed {' and '.join(what)}; the next `orchestrate sweep` starts it afresh")
     return 0

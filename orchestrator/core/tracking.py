@@ -110,8 +110,11 @@ def _named_client(tracking_uri: str):
 
     def read(run):
         # RunData has no setter: its metrics dict is replaced under the code's names (MLflow's own
-        # attribute, the dict its ``metrics`` property returns)
-        run.data._metrics = {schema.code_metric_name(k): v for k, v in run.data.metrics.items()}
+        # attribute, the dict its ``metrics`` property returns). A run of an older store written
+        # again since (a cell tested again, a trial resumed) holds both names: the grouped one is
+        # the newer value, whatever order the database returns them in.
+        items = sorted(run.data.metrics.items(), key=lambda item: "/" in item[0])
+        run.data._metrics = {schema.code_metric_name(k): v for k, v in items}
         return run
 
     class NamedMetricsClient(MlflowClient):
@@ -132,10 +135,10 @@ def _named_client(tracking_uri: str):
             return super().log_metric(run_id, schema.stored_metric_name(key), value, *args, **kwargs)
 
         def get_metric_history(self, run_id, key):
-            history = super().get_metric_history(run_id, schema.stored_metric_name(key))
-            if not history and schema.stored_metric_name(key) != key:  # a store written with flat names
-                history = super().get_metric_history(run_id, key)
-            return [Metric(key, m.value, m.timestamp, m.step) for m in history]
+            history = list(super().get_metric_history(run_id, schema.stored_metric_name(key)))
+            if schema.stored_metric_name(key) != key:  # and what an older store wrote under the flat name
+                history += super().get_metric_history(run_id, key)
+            return [Metric(key, m.value, m.timestamp, m.step) for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
 
     return NamedMetricsClient(tracking_uri=tracking_uri)
 

@@ -104,7 +104,7 @@ class CellProgress:
     trials_failed: int
     best: float | None
     trials_pruned: int = 0
-    complete_seconds: float = 0.0  # the complete trials' time, from Optuna's start to its result (summed)
+    trial_seconds: float = 0.0  # the complete and pruned trials' time, from Optuna's start to its result (summed)
 
 
 def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
@@ -128,7 +128,7 @@ def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
         failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get(COUNTED)]
         pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
         best = max((t.value for t in complete), default=None)
-        seconds = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in complete
+        seconds = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in (*complete, *pruned)
                       if t.datetime_start and t.datetime_complete)
         out.append(CellProgress(cell, count_finished(trials), len(complete), len(failed), best, len(pruned), seconds))
     return out
@@ -175,7 +175,7 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
             {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
              "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed + r.trials_pruned,
              "trials_pruned": r.trials_pruned, "trials_complete": r.trials_complete,
-             "complete_seconds": round(r.complete_seconds, 3), "best": r.best}
+             "trial_seconds": round(r.trial_seconds, 3), "best": r.best}
             for r in rows
         ],
     }
@@ -752,6 +752,8 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         study = optuna.load_study(study_name=cell.key, storage=optuna_storage(paths.optuna_url))
         complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
         if not complete:
+            if f"{schema.first_stage_prefix('val')}ndcg_at_10" not in tracker.run_metrics(run_id):  # the reference still
+                tracker.log_metrics(run_id, first_stage_validation[cell.key], prefix=schema.first_stage_prefix("val"))
             tracker.fail(run_id, "all trials failed")
             continue
         winner = max(complete, key=lambda t: t.value)
@@ -870,7 +872,8 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) 
     scored = [d for d in plan["cells_detail"] if d["best"] is not None]
     best = max(scored, key=lambda d: d["best"], default=None)
     complete = sum(d["trials_complete"] for d in plan["cells_detail"])
-    mean_wall = sum(d["complete_seconds"] for d in plan["cells_detail"]) / complete if complete else None
+    timed = complete + sum(d["trials_pruned"] for d in plan["cells_detail"])
+    mean_wall = sum(d["trial_seconds"] for d in plan["cells_detail"]) / timed if timed else None
     parallel = max(1, len(by_status["RUNNING"]))
     return {
         "sweep": sweep.name,

@@ -33,7 +33,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 def optuna_storage(url: str) -> optuna.storages.RDBStorage:
     """The sweep's Optuna storage, one per process: every storage Optuna builds from a URL checks
     its schema against alembic's revision files (~50 ms), which per study of doc19's 255 cells
-    took 13 s of each ``orchestrate status``."""
+    took 13 s of each ``orchestrate status``. Removing the file (``orchestrate reset``) clears
+    this cache."""
     return optuna.storages.RDBStorage(url)
 
 

@@ -66,3 +66,8 @@ def test_a_store_written_with_flat_names_reads_the_same_and_new_writes_are_group
     assert [(m.key, m.step, m.value) for m in tracker.client.get_metric_history(older, "val_ndcg_at_10")] == [
         ("val_ndcg_at_10", 1, 0.25), ("val_ndcg_at_10", 2, 0.375)]
     assert [(m.key, m.step) for m in tracker.client.get_metric_history(newer, "val_ndcg_at_10")] == [("val_ndcg_at_10", 1)]
+    # the older run written again since (a cell tested again, a trial resumed): the grouped value is the newer one
+    tracker.log_metrics(older, {"test_ndcg_at_10": 0.625})
+    tracker.log_metrics(older, {"val_ndcg_at_10": 0.5}, step=3)
+    assert tracker.run_metrics(older)["test_ndcg_at_10"] == 0.625
+    assert [m.step for m in tracker.client.get_metric_history(older, "val_ndcg_at_10")] == [1, 2, 3]

@@ -336,9 +336,8 @@ def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
     from tests.helpers import chromium_driver, free_port, serve_ui
 
     work, spec, uri, *_ = failing_sweep
-    driver = chromium_driver()
-    port = free_port()
-    with serve_ui(work, spec, uri, port) as links:
+    with serve_ui(work, spec, uri, free_port()) as links:
+        driver = chromium_driver()
         try:
             driver.get(links["compare the tested cells"])
             plotted = wait_for_text(driver, "test/ndcg_at_10", selector="svg text")
@@ -346,6 +345,7 @@ def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
             driver.save_screenshot(str(tmp_path / "compare-cells.png"))
         finally:
             driver.quit()
+    assert "\nParameters\n" in page and "\nMetrics\n" in page, page[:3000]
     parameters = page.split("\nParameters\n", 1)[1].split("\nMetrics\n", 1)[0]
     for name in ("model", "loss", "augmentation", "size", "seed", "learning_rate", "lambda", "tau"):
         assert f"\n{name} " in parameters, name  # a row of the compared parameters
