@@ -40,14 +40,20 @@ RM3_FIELDS = ("fb_terms", "fb_docs", "original_query_weight")  # first_stage fie
 class ExpansionSpec(_Strict):
     """Where a query's expansions come from (EAR's first step; ``workloads.expansion.sources``)."""
 
-    source: Literal["pseudo_relevance", "file"] = Field(
+    source: Literal["pseudo_relevance", "generator", "file"] = Field(
         default="pseudo_relevance", description="pseudo_relevance: sentences, titles and term samples of the query's "
-                                                "BM25 top documents, drawn at random; file: a JSONL of query_id, expansion")
+                                                "BM25 top documents, drawn at random; generator: sampled from a Hugging "
+                                                "Face seq2seq or causal model; file: a JSONL of query_id, expansion")
     n: int = Field(default=20, ge=1, le=200, description="expansions per query")
     seed: int = Field(default=0, description="the draws (pseudo_relevance) are a function of it")
     path: str | None = Field(default=None, description="file: the JSONL file ({query_id, expansion} per line)")
     feedback_docs: int = Field(default=10, ge=1, description="pseudo_relevance: BM25's top documents drawn from")
     terms: int = Field(default=10, ge=1, description="pseudo_relevance: terms in one term-sample expansion")
+    model: str | None = Field(default=None, description="generator: a Hugging Face model id or directory "
+                                                        "(seq2seq, e.g. a GAR generator or T0, or causal)")
+    prompt: str = Field(default="{query}", description="generator: its input, {query} replaced by the query's text")
+    temperature: float = Field(default=1.0, gt=0, description="generator: the sampling temperature")
+    max_new_tokens: int = Field(default=32, ge=1, description="generator: the longest expansion, in tokens")
 
     @model_validator(mode="after")
     def _source_options(self) -> ExpansionSpec:
@@ -55,6 +61,14 @@ class ExpansionSpec(_Strict):
             raise ValueError("source 'file' needs path (a JSONL of query_id, expansion)")
         if self.source != "file" and self.path:
             raise ValueError(f"path has no effect with source '{self.source}'")
+        if self.source == "generator" and not self.model:
+            raise ValueError("source 'generator' needs model (a Hugging Face id or directory)")
+        defaults = {name: field.default for name, field in type(self).model_fields.items()}
+        sampling = [f for f in ("model", "prompt", "temperature", "max_new_tokens") if getattr(self, f) != defaults[f]]
+        if self.source != "generator" and sampling:
+            raise ValueError(f"{', '.join(sampling)} belong to source 'generator', not '{self.source}'")
+        if "{query}" not in self.prompt:
+            raise ValueError("prompt must contain {query}")
         return self
 
 

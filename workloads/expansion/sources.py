@@ -8,6 +8,10 @@
   ``terms`` terms sampled by their frequency in those documents (stop words and the query's
   own terms left out). Extractive: it needs no generator, so it runs offline on any
   collection; every draw is a function of (seed, query id, expansion number).
+- ``generator``: sampled from a Hugging Face model (``model``: a seq2seq generator such as
+  GAR's or T0, or a causal one), ``n`` samples per query at ``temperature``, its input the
+  ``prompt`` with the query's text; seeded per (seed, query id), so the same seed samples the
+  same expansions on the same machine and library versions;
 - ``file``: expansions written elsewhere (a published GAR output, an LLM's samples): a JSONL
   file of ``{"query_id": ..., "expansion": ...}`` lines, the first ``n`` of each query in
   file order.
@@ -75,6 +79,33 @@ def pseudo_relevance(collection: Collection, queries: dict[str, str], spec) -> E
     return out
 
 
+def generator(collection: Collection, queries: dict[str, str], spec) -> Expansions:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from workloads.models.cross_encoder import require_model_available, resolve_model_name
+
+    require_model_available(spec.model, field="expansion.model")
+    name = resolve_model_name(spec.model)
+    seq2seq = AutoConfig.from_pretrained(name).is_encoder_decoder
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(name).eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out: Expansions = {}
+    with torch.inference_mode():
+        for qid, text in queries.items():
+            encoded = tokenizer(spec.prompt.format(query=text), return_tensors="pt", truncation=True, max_length=256)
+            inputs = {k: encoded[k] for k in ("input_ids", "attention_mask")}  # (a BERT tokenizer adds token types)
+            torch.manual_seed(derived_seed("generator", spec.seed, qid))  # the query's draws, whatever came before
+            generated = model.generate(**inputs, do_sample=True, temperature=spec.temperature, top_k=0,
+                                       max_new_tokens=spec.max_new_tokens, num_return_sequences=spec.n,
+                                       pad_token_id=pad)
+            if not seq2seq:  # a causal model returns the prompt before what it wrote
+                generated = generated[:, inputs["input_ids"].shape[1]:]
+            out[qid] = [" ".join(t.split()) for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+    return out
+
+
 def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansions:
     path = Path(spec.path).expanduser()
     if not path.is_file():
@@ -100,7 +131,8 @@ def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansio
     return {qid: found[qid][:spec.n] for qid in queries}
 
 
-EXPANSION_SOURCES: dict[str, ExpansionSource] = {"pseudo_relevance": pseudo_relevance, "file": from_file}
+EXPANSION_SOURCES: dict[str, ExpansionSource] = {"pseudo_relevance": pseudo_relevance, "generator": generator,
+                                                  "file": from_file}
 
 
 def expansions(collection: Collection, queries: dict[str, str], spec) -> Expansions:
@@ -108,7 +140,12 @@ def expansions(collection: Collection, queries: dict[str, str], spec) -> Expansi
     spec, the file's content): computed once, read back after."""
     if not queries:
         raise InputError(collection.name, "no queries to expand")
-    content = remembered_file_hash(Path(spec.path).expanduser()) if spec.source == "file" and Path(spec.path).expanduser().is_file() else ""
+    content = ""
+    if spec.source == "file" and Path(spec.path).expanduser().is_file():
+        content = remembered_file_hash(Path(spec.path).expanduser())
+    elif spec.source == "generator" and Path(spec.model).expanduser().is_dir():  # a local model changed in place
+        content = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(spec.model).expanduser().iterdir()
+                         if f.is_file())
     key = stable_key(collection.fingerprint, sorted(queries.items()), spec.model_dump_json(), content,
                      f"sentences-v{SPLITTER_VERSION}")
     path = cache_dir() / "expansions" / f"{spec.source}-{key}.json"

@@ -56,17 +56,18 @@ def resolve_model_name(name: str) -> str:
     return MODEL_ALIASES[name]() if name in MODEL_ALIASES else name
 
 
-def require_model_available(name: str) -> None:
+def require_model_available(name: str, field: str = "model.name") -> None:
     """Fail now, with one line, for a model that cannot load here: a local path that does not
     exist, or a Hugging Face id that is not in the local cache while downloads are off
-    (``HF_HUB_OFFLINE=1``) or the Hub cannot be reached. Called before a trial computes anything."""
+    (``HF_HUB_OFFLINE=1``) or the Hub cannot be reached. Called before a trial computes anything.
+    ``field``: the setting that names the model, for the message."""
     import os
 
     path = resolve_model_name(name)
     if Path(path).expanduser().exists():
         return
     if path.startswith(("/", ".", "~")):
-        raise InputError(f"model.name {name}", "no such directory")
+        raise InputError(f"{field} {name}", "no such directory")
     from huggingface_hub import try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(path, "config.json"), str) and any(
@@ -74,7 +75,7 @@ def require_model_available(name: str) -> None:
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     if offline:
-        raise InputError(f"model.name {name}", "not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1): "
+        raise InputError(f"{field} {name}", "not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1): "
                                                "give a local model directory or an alias (minilm-l6), or download it first "
                                                "on a connected machine (huggingface-cli download " + path + ")")
     # Downloads are on: ask the Hub once, briefly, so that a machine without a network fails
@@ -85,10 +86,10 @@ def require_model_available(name: str) -> None:
     try:
         model_info(path, timeout=HUB_CHECK_SECONDS)
     except RepositoryNotFoundError:
-        raise InputError(f"model.name {name}", "no such model on the Hugging Face Hub (or it is private: log in with "
+        raise InputError(f"{field} {name}", "no such model on the Hugging Face Hub (or it is private: log in with "
                                                "huggingface-cli login)") from None
     except Exception as exc:  # noqa: BLE001 - the Hub client's network errors have no common base but Exception
-        raise InputError(f"model.name {name}", f"not in the local Hugging Face cache and the Hub cannot be reached "
+        raise InputError(f"{field} {name}", f"not in the local Hugging Face cache and the Hub cannot be reached "
                                                f"({type(exc).__name__}): connect this machine, or download it first on "
                                                f"a connected one (huggingface-cli download {path}) and set "
                                                "HF_HUB_OFFLINE=1") from None
