@@ -111,7 +111,8 @@ def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansio
     if not path.is_file():
         raise InputError(spec.path, "expansion path: no such file")
     found: Expansions = {}
-    with open(path, encoding="utf-8") as handle:
+    unknown: set[str] = set()
+    with open(path, encoding="utf-8") as handle:  # one line at a time: only the asked queries' first n are kept
         for line_no, line in enumerate(handle, 1):
             if not line.strip():
                 continue
@@ -120,15 +121,18 @@ def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansio
                 qid, expansion = str(record["query_id"]), str(record["expansion"])
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise InputError(f"{path}:{line_no}", 'not a JSON object with "query_id" and "expansion"') from None
-            found.setdefault(qid, []).append(expansion)
-    unknown = sorted(set(found) - set(collection.queries))
+            if qid not in collection.queries:
+                unknown.add(qid)
+            elif qid in queries and len(found.setdefault(qid, [])) < spec.n:
+                found[qid].append(expansion)
+    unknown = sorted(unknown)
     if unknown:
         raise InputError(path, f"{len(unknown)} query ids are not queries of {collection.name} (e.g. '{unknown[0]}')")
     short = sorted(q for q in queries if len(found.get(q, [])) < spec.n)
     if short:
         raise InputError(path, f"{len(short)} of the {len(queries):,} queries have fewer than n={spec.n} expansions "
                                f"(e.g. '{short[0]}': {len(found.get(short[0], []))})")
-    return {qid: found[qid][:spec.n] for qid in queries}
+    return {qid: found[qid] for qid in queries}
 
 
 EXPANSION_SOURCES: dict[str, ExpansionSource] = {"pseudo_relevance": pseudo_relevance, "generator": generator,
