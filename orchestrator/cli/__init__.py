@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import sys
 from importlib import import_module
@@ -64,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_ray_output() -> None:
+    """End this process's Ray session before the last word, so that no worker's or actor's
+    late log line (forwarded by Ray's log monitor) is printed after it."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - a Ray already going down is no reason to hide the summary
+        logging.getLogger("rerank_lab.cli").debug("ray.shutdown failed", exc_info=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.cli.output import route_results
     from orchestrator.core.execution import set_environment_defaults
@@ -81,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT_ERROR
     except Interrupted as exc:
+        _stop_ray_output()
         print(f"interrupted: {exc.summary}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
+        _stop_ray_output()
         print("interrupted: stopped before anything was reported as complete (what finished is kept)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
