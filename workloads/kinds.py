@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from workloads.augmentation.scorers import SUPERVISED_METHODS
+from workloads.expansion.kind import EarTrialSpec, ear_key, load_ear_trial, trained_ear
+from workloads.expansion.training import EarInputs, keep_ear, prepare_ear, test_ear, train_ear
 from workloads.reranking import Reranking
 from workloads.selectors.kind import SelectorTrialSpec, selector_key, selector_trial, trained_selector
 from workloads.selectors.training import (
@@ -52,7 +54,11 @@ class TrialKind:
 
 
 def _rerank_requires(spec: TrialSpec) -> list:
-    return [selector_trial(spec)] if spec.augmentation.method in SUPERVISED_METHODS else []
+    required: list = [selector_trial(spec)] if spec.augmentation.method in SUPERVISED_METHODS else []
+    for first_stage in (spec.first_stage, spec.data.test_first_stage):
+        if first_stage is not None and first_stage.method == "ear":  # it re-ranks what an EAR trial retrieved
+            required.append(load_ear_trial(first_stage.run))
+    return required
 
 
 def _rerank_test(checkpoint: Path, prepared, spec: TrialSpec, chosen: dict, device=None) -> Reranking:
@@ -72,6 +78,9 @@ TRIAL_KINDS = {kind.name: kind for kind in (
               worker_inputs=lambda prepared: prepared.inputs, train=train_selector,
               test=_selector_test,
               finished=trained_selector, keep=install_selector, key=selector_key),
+    TrialKind("ear", EarTrialSpec, EarInputs, requires=lambda spec: [], prepare=prepare_ear,
+              worker_inputs=lambda prepared: prepared.inputs, train=train_ear, test=test_ear,
+              finished=trained_ear, keep=keep_ear, key=ear_key),
 )}
 
 

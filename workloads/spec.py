@@ -75,12 +75,14 @@ class ExpansionSpec(_Strict):
 class FirstStageSpec(_Strict):
     """Where candidates and training negatives come from (``workloads.retrieval.first_stage``)."""
 
-    method: Literal["bm25", "rm3", "given", "run", "scoreddocs"] = Field(
+    method: Literal["bm25", "rm3", "given", "run", "scoreddocs", "ear"] = Field(
         default="bm25", description="bm25: Pyserini BM25; rm3: BM25 with RM3 query expansion (Pyserini's set_rm3); "
                                     "given: the collection's own candidate lists (WikiQA); "
                                     "run: a TREC run file (path); scoreddocs: the run an ir_datasets collection ships "
-                                    "(MS MARCO document's official top-100)")
+                                    "(MS MARCO document's official top-100); ear: what an EAR trial retrieved with "
+                                    "each query's chosen expansion (run: its trial file; trained first if it is not)")
     path: str | None = Field(default=None, description="run: the TREC run file ranking train, validation and test queries")
+    run: str | None = Field(default=None, description="ear: the EAR trial file (kind: ear) on the same data")
     k1: float = Field(default=0.9, gt=0)
     b: float = Field(default=0.4, ge=0, le=1)
     index: str = Field(
@@ -102,6 +104,10 @@ class FirstStageSpec(_Strict):
             raise ValueError("method 'run' needs path (a TREC run file)")
         if self.method != "run" and self.path:
             raise ValueError(f"path has no effect with method '{self.method}'")
+        if self.method == "ear" and not self.run:
+            raise ValueError("method 'ear' needs run (an EAR trial file, kind: ear)")
+        if self.method != "ear" and self.run:
+            raise ValueError(f"run (an EAR trial file) has no effect with method '{self.method}'")
         defaults = {name: field.default for name, field in type(self).model_fields.items()}
         searches = self.method in ("bm25", "rm3")
         if not searches and (self.k1, self.b) != (defaults["k1"], defaults["b"]):

@@ -10,7 +10,8 @@ from orchestrator.cli.output import HelpFormatter, add_address, add_tracking, em
 from workloads.errors import InputError
 
 # first_stage.method -> a row label
-FIRST_STAGE_NAMES = {"bm25": "BM25", "rm3": "BM25+RM3", "given": "given order", "run": "run file", "scoreddocs": "shipped run"}
+FIRST_STAGE_NAMES = {"bm25": "BM25", "rm3": "BM25+RM3", "given": "given order", "run": "run file", "scoreddocs": "shipped run",
+                     "ear": "EAR"}
 
 
 def add_parser(sub, common) -> None:

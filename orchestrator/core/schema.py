@@ -256,7 +256,8 @@ def _added_first_stage_fields(first_stage) -> set[str]:
     from workloads.spec import RM3_FIELDS
 
     return (({"path"} if first_stage.path is None else set()) | ({"index"} if first_stage.index == "build" else set())
-            | (set(RM3_FIELDS) if first_stage.method != "rm3" else set()))
+            | (set(RM3_FIELDS) if first_stage.method != "rm3" else set())
+            | {"run"})  # an EAR trial's file: keyed by the EAR trial's identity instead (trial_key)
 
 
 def trial_key(spec: TrialSpec) -> str:
@@ -322,4 +323,14 @@ def trial_key(spec: TrialSpec) -> str:
     versions = [f"sentences-v{SPLITTER_VERSION}"] if augmented else []
     if spec.sir is not None and spec.sir.variant != "v0" and spec.sir.selection == "random":
         versions.append(SEEDS_VERSION)  # random selection draws from hashed seeds since then (other draws)
+    versions += _ear_identities(spec)
     return stable_key(payload, *versions)
+
+
+def _ear_identities(spec: TrialSpec) -> list[str]:
+    """The identity of each EAR trial the first stages read (not its file's path: a moved file
+    is the same trial, an edited one another)."""
+    from workloads.expansion.kind import ear_key, load_ear_trial
+
+    return [f"ear-{ear_key(load_ear_trial(fs.run))}" for fs in (spec.first_stage, spec.data.test_first_stage)
+            if fs is not None and fs.method == "ear"]

@@ -10,6 +10,9 @@
   their given order (:attr:`workloads.data.collections.Collection.given`);
 - ``scoreddocs``: the run an ir_datasets collection ships for the split (MS MARCO
   document's official top-100 for train and dev), streamed one query at a time;
+- ``ear``: what an EAR trial (``first_stage.run``, its trial file) retrieved with each query's
+  chosen expansion (:mod:`workloads.expansion`): query reranking, then document re-ranking;
+  the EAR trial is a requirement of the re-ranking trial, trained first;
 - ``run``: any TREC run file (``first_stage.path``), e.g. the official top-100 runs AUG
   re-ranked; a query the file does not rank has no candidates (it counts 0 in evaluation,
   trec_eval ``-c``) and gives no training triple.
@@ -176,7 +179,35 @@ def _grouped(scored: Iterator[tuple[str, str, float]], wanted: set[str], source:
         yield current, ranking
 
 
-FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "rm3": rm3, "given": given, "run": run_file, "scoreddocs": scoreddocs}
+class EarNotTrained(InputError):
+    """A re-ranking trial's first stage is an EAR trial that has not finished yet."""
+
+
+def ear(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
+    from workloads.expansion.kind import RUN_FILE, ear_dir, load_ear_trial, trained_ear
+
+    trial = load_ear_trial(spec.run)
+    kept = trained_ear(trial)
+    if kept is None:
+        raise EarNotTrained(spec.run, f"EAR trial {trial.name} is not trained yet ({ear_dir(trial)}): `orchestrate run` "
+                                      "and `orchestrate sweep` train it first")
+    path = kept / RUN_FILE
+
+    def make() -> Run:
+        ranked = _top(read_trec_run(path), queries, k)
+        if not ranked:
+            raise InputError(spec.run, f"EAR trial {trial.name} ranked none of the {len(queries):,} queries of "
+                                       f"{collection.name} {split}: give both trials the same data")
+        if len(ranked) < len(queries):
+            get_logger("first-stage").warning(f"EAR trial {trial.name} ranks {len(ranked):,} of {len(queries):,} queries "
+                                              f"of {collection.name} {split}; the others have no candidates")
+        return ranked
+
+    return _cached(make, "ear", remembered_file_hash(path), sorted(queries), k)
+
+
+FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "rm3": rm3, "given": given, "run": run_file, "scoreddocs": scoreddocs,
+                                       "ear": ear}
 
 
 def first_stage_run(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> FirstStageRun:
@@ -186,4 +217,4 @@ def first_stage_run(collection: Collection, split: str, queries: dict[str, str],
     return FirstStageRun(FIRST_STAGES[spec.method](collection, split, queries, k, spec))
 
 
-__all__ = ["FIRST_STAGES", "FirstStageRun", "first_stage_run"]
+__all__ = ["FIRST_STAGES", "EarNotTrained", "FirstStageRun", "first_stage_run"]

@@ -1,0 +1,133 @@
+"""The EAR trial: its typed spec, its identity, where a trained one is kept.
+
+An EAR trial (``kind: ear`` in a trial file) expands every query of its splits, labels each
+expansion with the rank BM25 gives the query's first relevant document when searching with
+it, and trains a cross-encoder to choose, without labels, the expansion BM25 will do best
+with (:mod:`workloads.expansion.training`). Its kept result, in ``<cache>/ear/<key>/``
+(:func:`ear_dir`), is the TREC run of the chosen expansions of its train, validation and test
+queries: a re-ranking trial with ``first_stage: {method: ear, run: <this file>}`` re-ranks
+what EAR retrieved (:func:`workloads.retrieval.first_stage.ear`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from workloads.errors import InputError
+from workloads.paths import cache_dir, stable_key
+from workloads.spec import DataSpec, ExpansionSpec, ModelSpec, ResourcesSpec
+from workloads.text.sentences import SPLITTER_VERSION
+
+COMPLETE_MARKER = "ear_result.json"  # written last: a directory without it is not a trained EAR trial
+RUN_FILE = "run.trec"                # the chosen expansions' BM25 rankings, every query of the trial's splits
+RERANKERS = ("ri", "rd")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EarSpec(_Strict):
+    """The query reranker and how it is trained (EAR, section 3.3)."""
+
+    reranker: Literal[RERANKERS] = Field(  # type: ignore[valid-type]
+        default="ri", description="ri: M(q, e), the query and the expansion; rd: M(q, e, d), also the top-1 document "
+                                  "that BM25 retrieves with q + e")
+    alpha: float = Field(default=0.05, gt=0, description="the margin per rank of difference: a pair (i, j) with r_i < r_j "
+                                                         "costs max(0, M_i - M_j + (r_j - r_i) * alpha)")
+    max_rank: int = Field(default=101, ge=2, description="the label of an expansion whose top `depth` has no relevant "
+                                                         "document (MAX_RANK; above depth)")
+    depth: int = Field(default=100, ge=1, le=1000, description="BM25's top-k per expanded query: the labels' window and "
+                                                               "the depth of the chosen expansion's run")
+    learning_rate: float = Field(default=2e-5, gt=0, lt=1)
+    epochs: int = Field(default=3, ge=1)
+    queries_per_step: int = Field(default=2, ge=1, description="queries per step, each with all its n expansions")
+    warmup_steps: int = Field(default=50, ge=0, description="linear warm-up, then constant")
+    patience: int | None = Field(default=None, ge=1, description="epochs without a better validation nDCG@10 before "
+                                                                 "stopping (none: every epoch)")
+    eval_batch_size: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _labels(self) -> EarSpec:
+        if self.max_rank <= self.depth:
+            raise ValueError(f"max_rank ({self.max_rank}) labels expansions that find nothing in the top depth "
+                             f"({self.depth}): it must be above depth")
+        return self
+
+
+class EarBM25(_Strict):
+    """BM25 as every expanded query is searched (EAR's retriever)."""
+
+    k1: float = Field(default=0.9, gt=0)
+    b: float = Field(default=0.4, ge=0, le=1)
+
+
+class EarTrialSpec(_Strict):
+    kind: Literal["ear"] = Field(default="ear", description="what the file is: an EAR trial (a re-ranking trial has no kind)")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 13
+    data: DataSpec
+    bm25: EarBM25 = EarBM25()
+    expansion: ExpansionSpec = ExpansionSpec()
+    ear: EarSpec = EarSpec()
+    model: ModelSpec
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    resources: ResourcesSpec = ResourcesSpec()
+
+    @model_validator(mode="after")
+    def _plain_test(self) -> EarTrialSpec:
+        if self.data.test_perturbation is not None or self.data.test_first_stage is not None:
+            raise ValueError("an EAR trial retrieves its test queries itself: data.test_perturbation and "
+                             "data.test_first_stage belong to re-ranking trials")
+        return self
+
+
+def ear_key(spec: EarTrialSpec) -> str:
+    """What changes the kept result: everything but the name and the resources."""
+    return stable_key(spec.model_dump_json(exclude={"name": True, "resources": True}), f"sentences-v{SPLITTER_VERSION}")
+
+
+def ear_dir(spec: EarTrialSpec) -> Path:
+    return cache_dir() / "ear" / f"{spec.ear.reranker}-{ear_key(spec)}"
+
+
+def trained_ear(spec: EarTrialSpec) -> Path | None:
+    """The kept result's directory, or None when the trial has not finished."""
+    path = ear_dir(spec)
+    return path if (path / COMPLETE_MARKER).exists() else None
+
+
+def is_ear_file(data: object) -> bool:
+    """A trial file's top level says it holds EAR trials (one, or ``base`` of several)."""
+    if not isinstance(data, dict):
+        return False
+    base = data.get("base")
+    return data.get("kind") == "ear" or (isinstance(base, dict) and base.get("kind") == "ear")
+
+
+def load_ear_trial(path: str) -> EarTrialSpec:
+    """The EAR trial of a one-trial file (a re-ranking trial's ``first_stage.run``), one line on error."""
+    import yaml
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise InputError(path, "first_stage run: no such EAR trial file")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise InputError(path, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or data.get("kind") != "ear":
+        raise InputError(path, "first_stage run: not an EAR trial file (it needs kind: ear)")
+    try:
+        return EarTrialSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(path, f"{where}: {first['msg']}") from None
+
+
+__all__ = ["COMPLETE_MARKER", "RUN_FILE", "EarSpec", "EarTrialSpec", "ear_dir", "ear_key", "is_ear_file",
+           "load_ear_trial", "trained_ear"]
