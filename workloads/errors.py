@@ -14,3 +14,8 @@ class InputError(Exception):
         self.source = str(source)
         self.problem = problem
         super().__init__(f"{self.source}: {problem}")
+
+
+class RequirementNotTrained(InputError):
+    """A trial reads what a required trial keeps (a selector, an EAR trial's run) before that
+    trial has finished: ``orchestrate run`` and ``sweep`` train it first."""

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from workloads.augmentation.scorers import SUPERVISED_METHODS
+from workloads.expansion.kind import COMPLETE_MARKER as EAR_RESULT
 from workloads.expansion.kind import EarTrialSpec, ear_key, load_ear_trial, trained_ear
 from workloads.expansion.training import EarInputs, keep_ear, prepare_ear, test_ear, train_ear
 from workloads.reranking import Reranking
+from workloads.selectors.kind import COMPLETE_MARKER as SELECTOR_RESULT
 from workloads.selectors.kind import SelectorTrialSpec, selector_key, selector_trial, trained_selector
 from workloads.selectors.training import (
     SelectorInputs,
@@ -51,6 +53,7 @@ class TrialKind:
     key: Callable[[Any], str] | None = None     # identity of a required trial (shared by every trial requiring it)
     # train also takes in_epoch_dir (state saved inside an epoch, optimization.checkpoint_every)
     resumes_in_epoch: bool = False
+    result_file: str = ""  # in a kept result's directory: its summary (JSON), written last
 
 
 def _rerank_requires(spec: TrialSpec) -> list:
@@ -77,10 +80,10 @@ TRIAL_KINDS = {kind.name: kind for kind in (
     TrialKind("selector", SelectorTrialSpec, SelectorInputs, requires=lambda spec: [], prepare=prepare_selector,
               worker_inputs=lambda prepared: prepared.inputs, train=train_selector,
               test=_selector_test,
-              finished=trained_selector, keep=install_selector, key=selector_key),
+              finished=trained_selector, keep=install_selector, key=selector_key, result_file=SELECTOR_RESULT),
     TrialKind("ear", EarTrialSpec, EarInputs, requires=lambda spec: [], prepare=prepare_ear,
               worker_inputs=lambda prepared: prepared.inputs, train=train_ear, test=test_ear,
-              finished=trained_ear, keep=keep_ear, key=ear_key),
+              finished=trained_ear, keep=keep_ear, key=ear_key, result_file=EAR_RESULT),
 )}
 
 

@@ -19,7 +19,7 @@ import torch
 from workloads.augmentation import build_augmentation_sets, rows_without_sentences
 from workloads.augmentation.scorers import SUPERVISED_METHODS
 from workloads.data.collections import Collection, Qrels, resolve_collection
-from workloads.errors import InputError
+from workloads.errors import InputError, RequirementNotTrained
 from workloads.evaluation import MEASURES, Evaluation, evaluate
 from workloads.models.cross_encoder import CrossEncoder, require_compiler, require_model_available
 from workloads.paths import atomic_path, cache_dir, stable_key
@@ -73,7 +73,7 @@ def require_disjoint(collection: Collection, query_sets: dict[str, object]) -> N
                                                   f"(e.g. '{shared[0]}'); a split must be held out")
 
 
-class SelectorNotTrained(InputError):
+class SelectorNotTrained(RequirementNotTrained):
     """A trial augments with a supervised selector that is not trained yet."""
 
 

@@ -8,9 +8,6 @@ import json
 
 from orchestrator.cli.output import HelpFormatter, bounded, emit, metrics_table
 
-LABELS = {"bm25": "BM25", "rm3": "BM25+RM3", "first": "first expansion", "concatenated": "all expansions, concatenated",
-          "oracle": "oracle (best expansion)"}
-
 
 def add_parser(sub, common) -> None:
     parser = sub.add_parser("expand", help="expansions of a split's queries and what BM25 does with them: the first, all "
@@ -38,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from workloads.errors import InputError
     from workloads.evaluation import RETRIEVAL_MEASURES, evaluate
     from workloads.evaluation.significance import paired_test
+    from workloads.expansion.comparison import LABELS
     from workloads.expansion.retrieval import SYSTEMS, unchosen_systems
     from workloads.expansion.sources import expansions
     from workloads.spec import ExpansionSpec

@@ -30,10 +30,12 @@ def add_parser(sub, common) -> None:
 
 
 def selected_trials(args: argparse.Namespace):
-    from orchestrator.core.config import load_trials
+    from orchestrator.core.config import load_trials, read_yaml
+    from workloads.expansion.kind import EarTrialSpec, is_ear_file
     from workloads.spec import TrialSpec
 
-    experiment, specs = load_trials(Path(args.config), TrialSpec)
+    data, _ = read_yaml(Path(args.config))
+    experiment, specs = load_trials(Path(args.config), EarTrialSpec if is_ear_file(data) else TrialSpec)
     if getattr(args, "trial", None):
         chosen = [s for s in specs if s.name in (args.trial, f"{experiment}.{args.trial}")]
         if not chosen:
@@ -91,11 +93,23 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.core.tracking import open_tracker
 
     experiment, specs = selected_trials(args)
+    ear = getattr(specs[0], "kind", None) == "ear"
     if args.dry_run:
-        return dry_run(args.config, experiment, specs, args.json)
+        return (ear_dry_run if ear else dry_run)(args.config, experiment, specs, args.json)
     check_ray_address(args.address)  # before the first write: a dead address leaves no store behind
+    if ear:
+        from workloads.kinds import kind_of
+
+        if args.force:
+            raise InputError("--force", "an EAR trial's result is kept in the cache and shared by every trial that reads "
+                                        "it: remove its directory (orchestrate run --dry-run names it) to train it again")
+        for spec in specs:  # known good before the store is opened
+            if kind_of(spec).finished(spec) is None:
+                kind_of(spec).prepare(spec)
     tracker = open_tracker(args.tracking_uri)
     storage = Path(args.storage).resolve()
+    if ear:
+        return run_ear(args, experiment, specs, tracker, storage)
     results = []
     for spec in specs:
         with interruptible():  # SIGTERM as Ctrl-C: the trial's run is marked interrupted, never left open
@@ -148,3 +162,63 @@ def _print_trial(spec, result, printed: dict, experiment: str, tracker) -> None:
     emit(metrics_table(rows))
     if schema.TIME_PER_EPOCH in result.timings:
         emit(f"training {result.timings[schema.TIME_PER_EPOCH]:.0f}s/epoch, trial {result.timings[schema.TIME_TRIAL]:.0f}s\n")
+
+
+# ----------------------------------------------------------------------------- EAR trial files
+
+
+def ear_dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
+    """What ``run`` would do with EAR trials, checked (model, collection, expansion source) but not run."""
+    from orchestrator.core.lifecycle import ear_preflight
+    from workloads.expansion.kind import ear_dir, ear_key
+
+    plans = [{"trial": spec.name, "kind": "ear", "trial_key": ear_key(spec), "kept_in": str(ear_dir(spec)),
+              "would_stop": ear_preflight(spec), "config": spec.model_dump(mode="json")} for spec in specs]
+    if as_json:
+        emit(json.dumps({"experiment": experiment, "trials": plans}, indent=2))
+        return 0
+    import yaml
+
+    for plan in plans:
+        emit(f"EAR trial {plan['trial']} (identity {plan['trial_key']}): kept in {plan['kept_in']}")
+        for problem in plan["would_stop"]:
+            emit(f"  would stop before it computes: {problem}")
+        emit("  " + yaml.safe_dump(plan["config"], sort_keys=False).replace("\n", "\n  ").rstrip())
+    return 0
+
+
+def run_ear(args: argparse.Namespace, experiment: str, specs, tracker, storage: Path) -> int:
+    """Each EAR trial trained once (reused when kept), tracked as a run of kind ``ear``, then its
+    test comparison: BM25, RM3, the first expansion, all concatenated, EAR, the oracle."""
+    from orchestrator.core.execution import check_resources, init_ray
+    from orchestrator.core.interrupts import Interrupted, interruptible
+    from orchestrator.core.lifecycle import ensure_requirement
+    from workloads.expansion.comparison import ear_comparison
+    from workloads.kinds import kind_of
+
+    results = []
+    for spec in specs:
+        with interruptible():
+            try:
+                if kind_of(spec).finished(spec) is None:
+                    init_ray(args.address)
+                    check_resources(spec)  # a worker no node can hold would wait forever
+                kept = ensure_requirement(spec, tracker, tracker.experiment_id(experiment), storage, args.address)
+            except KeyboardInterrupt:
+                raise Interrupted(f"EAR trial {spec.name} stopped before it finished (its MLflow run, once started, is "
+                                  f"KILLED and tagged interrupted; {len(results)} finished trial(s) of this file are "
+                                  "kept): run the same command again to resume from its last checkpoint") from None
+        rows = ear_comparison(spec)
+        results.append({"trial": spec.name, "kept_in": str(kept), "queries": rows[0].evaluation.num_queries,
+                        "systems": {r.name: {"metrics": r.evaluation.aggregate, "p_value_vs_bm25": r.p_vs_bm25,
+                                             "p_value_vs_rm3": r.p_vs_rm3} for r in rows}})
+        if not args.json:
+            emit(f"EAR trial {spec.name}: {rows[0].evaluation.num_queries} test queries, {spec.expansion.n} "
+                 f"{spec.expansion.source} expansions each; kept in {kept}")
+            emit(metrics_table([(r.label, r.evaluation.aggregate) for r in rows]))
+            ear = next(r for r in rows if r.name.startswith("ear-"))
+            emit(f"{ear.label} nDCG@10 against BM25 p={ear.p_vs_bm25:.3g}, against BM25+RM3 p={ear.p_vs_rm3:.3g} "
+                 "(paired t-test)\n")
+    if args.json:
+        emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results}, indent=2))
+    return 0

@@ -87,6 +87,12 @@ def print_plan(report: dict) -> None:
         for s in report["selectors"]:
             emit(f"  {s['name']:<28}{s['method']:<11}{s['model'][:25]:<26}{s['size']:>7} pairs (data: {s['data']}, "
                  f"k {s['k']})  {s['cells']} cells  {'trained' if s['trained'] else 'to train'}")
+    if report.get("ear_trials"):
+        emit(f"EAR trials: {len(report['ear_trials'])} (the cells re-rank what they retrieve; trained once each, first; "
+             f"{report['ear_trials_to_train']} to train)")
+        for e in report["ear_trials"]:
+            emit(f"  {e['name']:<28}{e['reranker'].upper():<11}{e['model'][:25]:<26}{e['expansion']:>22}  {e['cells']} cells  "
+                 f"{'trained' if e['trained'] else 'to train'}")
     for problem in report.get("preflight", []):
         emit(f"would stop the sweep before it computes: {problem}")
     width = max([22, *(len(c["loss"]) + 2 for c in report["cells_detail"])])

@@ -300,23 +300,21 @@ def requirement_run_key(required) -> str:
     return f"{kind.name}:{kind.key(required)}"
 
 
-def _close_finished_requirement(tracker: Tracker, experiment_id: str, run_key: str, kept: Path) -> None:
+def _close_finished_requirement(tracker: Tracker, experiment_id: str, run_key: str, kept: Path, result_file: str) -> None:
     """A result kept, then the driver died before its run was closed: close it with the kept summary."""
     import json
 
-    from workloads.selectors.kind import COMPLETE_MARKER
-
     open_run = tracker.find_run(experiment_id, run_key)
     if open_run is not None and open_run.info.status != "FINISHED":
-        summary = json.loads((kept / COMPLETE_MARKER).read_text())
+        summary = json.loads((kept / result_file).read_text())
         tracker.log_metrics(open_run.info.run_id, {k: v for k, v in summary.items() if isinstance(v, (int, float))})
         tracker.set_tags(open_run.info.run_id, {schema.CHECKPOINT_TAG: str(kept)})
         tracker.finish(open_run.info.run_id, "FINISHED")
 
 
-def ensure_requirement(selector, tracker: Tracker, experiment_id: str, storage_path: Path, ray_address: str | None = None,
+def ensure_requirement(required, tracker: Tracker, experiment_id: str, storage_path: Path, ray_address: str | None = None,
                        tags: dict[str, str] | None = None) -> Path:
-    """A required trial's kept result (a trained selector): the one kept already (by any earlier
+    """A required trial's kept result (a trained selector, an EAR trial): the one kept already (by any earlier
     command), else trained now with the kind's lifecycle steps and tracked as one run of the
     kind's name: its config, per-epoch metrics, the chosen epoch's validation and its test
     ranking (BM25 beside it), the checkpoint. A crashed attempt resumes from its last epoch
@@ -325,47 +323,46 @@ def ensure_requirement(selector, tracker: Tracker, experiment_id: str, storage_p
 
     from workloads.kinds import kind_of, result_summary
 
-    kind = kind_of(selector)
-    run_key = requirement_run_key(selector)
-    done = kind.finished(selector)
+    kind = kind_of(required)
+    run_key = requirement_run_key(required)
+    done = kind.finished(required)
     if done is not None:
-        _close_finished_requirement(tracker, experiment_id, run_key, done)
-        log.info("%s %s already trained: reusing %s", kind.name, selector.name, done)
+        _close_finished_requirement(tracker, experiment_id, run_key, done, kind.result_file)
+        log.info("%s %s already trained: reusing %s", kind.name, required.name, done)
         return done
 
     started = time.perf_counter()
-    prepared = kind.prepare(selector)
+    prepared = kind.prepare(required)
     prepare_seconds = time.perf_counter() - started
-    params = schema.flat_params(selector)
-    run_tags = {**schema.requirement_tags(selector), **(tags or {})}
-    run_id = tracker.start_trial_run(experiment_id, selector.name, run_key, params, run_tags, kind=kind.name)
+    params = schema.flat_params(required)
+    run_tags = {**schema.requirement_tags(required), **(tags or {})}
+    run_id = tracker.start_trial_run(experiment_id, required.name, run_key, params, run_tags, kind=kind.name)
     try:
-        tracker.log_json(run_id, "", "config.json", selector.model_dump(mode="json"))
-        tracker.log_json(run_id, "", "data_stats.json", prepared.trial.data_stats)
-        tracker.log_metrics(run_id, prepared.trial.first_stage_validation, prefix=schema.first_stage_prefix("val"))
+        tracker.log_json(run_id, "", "config.json", required.model_dump(mode="json"))
+        tracker.log_json(run_id, "", "data_stats.json", prepared.data_stats)
+        tracker.log_metrics(run_id, prepared.first_stage_validation, prefix=schema.first_stage_prefix("val"))
         init_ray(ray_address)
-        log.info("training the %s selector %s on %s pairs (%s)", selector.method, selector.name,
-                 selector.training_data.size, run_key)
+        log.info("training the %s trial %s (%s)", kind.name, required.name, run_key)
         train_started = time.perf_counter()
-        epochs = train_on_ray(selector, kind.worker_inputs(prepared), storage_path, f"{kind.name}-{kind.key(selector)}")
+        epochs = train_on_ray(required, kind.worker_inputs(prepared), storage_path, f"{kind.name}-{kind.key(required)}")
         train_wall = time.perf_counter() - train_started
         summary, best = log_training(tracker, run_id, epochs)
         test_started = time.perf_counter()
         from orchestrator.core.execution import submit_task
 
-        tested = ray.get(submit_task(selector, kind.test, Path(best.checkpoint), prepared, selector, best.metrics))
-        own = selector.data.test_collection or selector.data.collection
-        target = Target(schema.TEST, collection_label(own, selector.data.test_split), selector.as_rerank_trial())
-        log_target(tracker, run_id, TargetResult(target, tested, prepared.trial.first_stage_test,
-                                                 prepared.trial.test_first_stage_run), run_tag=f"rerank-lab.{selector.name}")
+        tested = ray.get(submit_task(required, kind.test, Path(best.checkpoint), prepared, required, best.metrics))
+        own = required.data.test_collection or required.data.collection
+        target = Target(schema.TEST, collection_label(own, required.data.test_split), required)
+        log_target(tracker, run_id, TargetResult(target, tested, prepared.first_stage_test, prepared.test_first_stage_run),
+                   run_tag=f"rerank-lab.{required.name}")
         metrics = {**summary, **timing(train_wall, summary), schema.TIME_PREPARE: prepare_seconds,
                    schema.TIME_EVALUATION: time.perf_counter() - test_started, schema.TIME_TRIAL: time.perf_counter() - started,
                    schema.EPOCHS_RUN: float(len(epochs))}
         tracker.log_metrics(run_id, metrics)
-        path = kind.keep(selector, Path(best.checkpoint), {**result_summary(best.metrics, tested), **metrics})
+        path = kind.keep(required, Path(best.checkpoint), {**result_summary(best.metrics, tested), **metrics})
         tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: str(path)})
         tracker.finish(run_id, "FINISHED")
-        log.info("selector %s: chosen epoch %d of %d, val nDCG@10 %.4f, test nDCG@10 %.4f", selector.name,
+        log.info("%s %s: chosen epoch %d of %d, val nDCG@10 %.4f, test nDCG@10 %.4f", kind.name, required.name,
                  int(best.metrics["epoch"]), len(epochs), best.metrics[schema.OBJECTIVE],
                  tested.evaluation.aggregate["ndcg_at_10"])
     except KeyboardInterrupt:
@@ -407,6 +404,38 @@ def preflight_trial(spec: TrialSpec) -> list[str]:
     for first_stage in (spec.first_stage, spec.data.test_first_stage):
         if first_stage is not None and first_stage.path and not Path(first_stage.path).expanduser().is_file():
             problems[f"{first_stage.path}: first_stage path: no such run file"] = None
+        if first_stage is not None and first_stage.method == "ear":
+            from workloads.expansion.kind import load_ear_trial
+
+            try:
+                problems.update(dict.fromkeys(ear_preflight(load_ear_trial(first_stage.run))))
+            except InputError as exc:
+                problems[str(exc)] = None
+    return list(problems)
+
+
+def ear_preflight(spec) -> list[str]:
+    """What would stop an EAR trial before it computes anything: its model, its collection, its
+    expansion source's model or file. One line each."""
+    from workloads.data.collections import local_directory
+    from workloads.models.cross_encoder import require_model_available
+
+    problems: dict[str, None] = {}
+
+    def check(call, *args, **kwargs) -> None:
+        try:
+            call(*args, **kwargs)
+        except InputError as exc:
+            problems[str(exc)] = None
+
+    check(require_model_available, spec.model.name)
+    if spec.expansion.source == "generator":
+        check(require_model_available, spec.expansion.model, field="expansion.model")
+    if spec.expansion.source == "file" and not Path(spec.expansion.path).expanduser().is_file():
+        problems[f"{spec.expansion.path}: expansion path: no such file"] = None
+    for reference in dict.fromkeys(r for r in (spec.data.collection, spec.data.test_collection) if r):
+        if local_directory(reference) is None:
+            check(require_known_dataset, reference)
     return list(problems)
 
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.lifecycle import targets
+from workloads.errors import RequirementNotTrained
 from workloads.kinds import kind_of
 from workloads.logs import get_logger
 from workloads.paths import cache_dir
-from workloads.trial import SelectorNotTrained
 
 log = get_logger("prepare")
 
@@ -88,7 +88,7 @@ def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
         for spec in unit.specs:
             try:
                 kind_of(spec).prepare(spec)
-            except SelectorNotTrained as exc:
+            except RequirementNotTrained as exc:
                 waiting = exc.problem
                 break
         report = UnitReport(unit.label, time.perf_counter() - started, waiting, len(unit.specs))

@@ -215,10 +215,14 @@ def comparison_params(cell_axes: dict[str, str], searched: dict) -> dict[str, st
 
 
 def requirement_tags(required) -> dict[str, str]:
-    """A required trial's tags (a selector's: the axes it shares with the trials that use it,
-    and which training data it saw)."""
-    return {"augmentation": required.method, "model": required.model.name, "size": str(required.training_data.size),
-            "seed": str(required.seed), "collection": required.data.collection, SELECTOR_DATA_TAG: required.selector.data}
+    """A required trial's tags: the axes it shares with the trials that use it (a selector's, and
+    which training data it saw; an EAR trial's, and its expansions and reranker)."""
+    common = {"model": required.model.name, "seed": str(required.seed), "collection": required.data.collection}
+    if getattr(required, "kind", None) == "ear":
+        return {**common, "expansion": f"{required.expansion.source}-{required.expansion.n}",
+                "reranker": required.ear.reranker}
+    return {**common, "augmentation": required.method, "size": str(required.training_data.size),
+            SELECTOR_DATA_TAG: required.selector.data}
 
 
 def flat_params(spec: TrialSpec) -> dict[str, str]:

@@ -144,15 +144,22 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     for r in rows:
         if r.cell.unavailable:
             unavailable[r.cell.unavailable] = unavailable.get(r.cell.unavailable, 0) + 1
-    from workloads.selectors.kind import trained_selector
+    from workloads.kinds import kind_of
 
-    selectors = []
-    for selector in requirements_needed([r.cell.spec for r in runnable]):
-        users = [r.cell.key for r in runnable if _selector_of(r.cell) == requirement_run_key(selector)]
-        selectors.append({"name": selector.name, "key": requirement_run_key(selector), "method": selector.method,
-                          "model": selector.model.name, "size": str(selector.training_data.size),
-                          "data": selector.selector.data, "k": selector.selector.k, "cells": len(users),
-                          "trained": trained_selector(selector) is not None})
+    selectors, ear_trials = [], []
+    for required in requirements_needed([r.cell.spec for r in runnable]):
+        key = requirement_run_key(required)
+        users = sum(1 for r in runnable if key in _requirements_of(r.cell))
+        trained = kind_of(required).finished(required) is not None
+        if kind_of(required).name == "ear":
+            ear_trials.append({"name": required.name, "key": key, "reranker": required.ear.reranker,
+                               "expansion": f"{required.expansion.source}-{required.expansion.n}",
+                               "model": required.model.name, "cells": users, "trained": trained})
+            continue
+        selectors.append({"name": required.name, "key": key, "method": required.method,
+                          "model": required.model.name, "size": str(required.training_data.size),
+                          "data": required.selector.data, "k": required.selector.k, "cells": users, "trained": trained})
+    requirements = len(selectors) + len(ear_trials)
     return {
         "sweep": sweep.name,
         "cells": len(rows),
@@ -168,9 +175,12 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
         # supervised selectors: each trained once (a run of kind selector) before the cells that use it
         "selectors": selectors,
         "selectors_to_train": sum(1 for s in selectors if not s["trained"]),
-        # the sweep's run + a run per cell (its child) + a run per trial (the cell's child)
-        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows) + len(selectors),
-        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable + len(selectors),
+        # EAR trials whose runs the cells re-rank (first_stage method ear): each trained once, first
+        "ear_trials": ear_trials,
+        "ear_trials_to_train": sum(1 for e in ear_trials if not e["trained"]),
+        # the sweep's run + a run per cell (its child) + a run per trial (the cell's child) + required trials
+        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows) + requirements,
+        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable + requirements,
         "cells_detail": [
             {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
              "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed + r.trials_pruned,
@@ -350,10 +360,10 @@ def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
     return [cell.spec]
 
 
-def _selector_of(cell: Cell) -> str | None:
-    """The run key of the selector a cell augments with (None: no supervised augmentation)."""
-    needed = requirements_needed([cell.spec]) if cell.spec is not None else []
-    return requirement_run_key(needed[0]) if needed else None
+def _requirements_of(cell: Cell) -> list[str]:
+    """The run keys of the trials a cell requires first: the selector it augments with, the EAR
+    trial whose run it re-ranks."""
+    return [requirement_run_key(r) for r in requirements_needed([cell.spec])] if cell.spec is not None else []
 
 
 def _zero_shot(sweep: SweepSpec) -> list[tuple]:
@@ -484,23 +494,24 @@ def _prepare_cells(sweep: SweepSpec, cells: list[Cell], prepared: dict) -> None:
         prepared[cell.key] = prepare_trial(_data_variants(cell, sweep)[-1])  # cached: read back, nothing computed
 
 
-def _train_selectors(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
-                     ray_address: str | None) -> None:
-    """Each distinct supervised selector, trained once (tracked under the sweep run) before the
-    cells that augment with it."""
+def _train_requirements(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
+                        ray_address: str | None) -> None:
+    """Each distinct required trial (a supervised selector, an EAR trial), trained once (tracked
+    under the sweep run) before the cells that need it."""
     from orchestrator.core.execution import init_ray
+    from workloads.kinds import kind_of
 
-    selectors = requirements_needed([c.spec for c in cells])
-    if not selectors:
+    required = requirements_needed([c.spec for c in cells])
+    if not required:
         return
     root = tracker.sweep_run(experiment_id, sweep.name)
     tracker.client.update_run(root, status="RUNNING")
     init_ray(ray_address)
-    for number, selector in enumerate(selectors, 1):
-        log.info("selector %d/%d: %s (%s, %s pairs)", number, len(selectors), selector.name, selector.method,
-                 selector.training_data.size)
-        ensure_requirement(selector, tracker, experiment_id, paths.ray_storage, ray_address,
-                        tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
+    for number, each in enumerate(required, 1):
+        log.info("required trial %d/%d: %s %s (%s)", number, len(required), kind_of(each).name, each.name,
+                 requirement_run_key(each))
+        ensure_requirement(each, tracker, experiment_id, paths.ray_storage, ray_address,
+                           tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
 
 
 def stale_trials(tracker: Tracker, experiment_id: str, cells: list[Cell]) -> list[str]:
@@ -541,7 +552,7 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     for selector in requirements_needed([c.spec for c in cells]):
         kind_of(selector).prepare(selector)  # its data is known good before anything is written
     prepared: dict = {}
-    supervised = [c for c in cells if _selector_of(c) is not None]
+    supervised = [c for c in cells if _requirements_of(c)]  # prepared once their required trials are kept
     _prepare_cells(sweep, [c for c in cells if c not in supervised], prepared)
 
     # MLflow is written once every input is known good.
@@ -619,7 +630,7 @@ def _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, v
     """Everything after the first MLflow write: selectors, cell runs, the search, the winners' tests."""
     from orchestrator.core.interrupts import Interrupted
 
-    _train_selectors(sweep, cells, tracker, experiment_id, paths, ray_address)
+    _train_requirements(sweep, cells, tracker, experiment_id, paths, ray_address)
     _prepare_cells(sweep, supervised, prepared)  # augmentations with the trained selectors
     cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
     migrated = migrate_trial_axes(tracker, experiment_id, cell_runs)

@@ -191,3 +191,132 @@ def test_a_generator_that_needs_a_download_while_offline_is_one_line(pets, monke
         ExpansionSpec(source="generator")
     with pytest.raises(ValueError, match="temperature belong to source 'generator'"):
         ExpansionSpec(temperature=0.7)
+
+
+# ----------------------------------------------------------------------------- the EAR trial kind
+
+def _ear_world(root):
+    """A constructed EAR task: every query's text matches every document alike (BM25 alone is a
+    coin toss), and each query has four expansions from a file: one names its document's rare
+    word and says "alpha" (BM25 then ranks the relevant document first), three name another
+    query's word and say "beta". "alpha" and "beta" are in no document, so they change no
+    ranking: only a reranker that learned what they mean can pick the good expansion, which is
+    never the first."""
+    import random
+
+    rng = random.Random(0)
+    docs = [{"_id": f"d{i}", "title": "", "text": f"report on kappa{i} filed today"} for i in range(60)]
+    write_beir(root, corpus_lines=docs, qrels_text="query-id\tcorpus-id\tscore\n" +
+               "".join(f"q{i}\td{i}\t1\n" for i in range(40, 60)))
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(40)))
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": "a report filed today"}) + "\n"
+                                                for i in range(60)))
+    lines = []
+    for i in range(60):
+        expansions = [f"kappa{rng.choice([j for j in range(60) if j != i])} beta" for _ in range(3)]
+        expansions.insert(rng.randint(1, 3), f"kappa{i} alpha")
+        lines += [json.dumps({"query_id": f"q{i}", "expansion": e}) + "\n" for e in expansions]
+    (root / "expansions.jsonl").write_text("".join(lines))
+    return root
+
+
+@pytest.fixture
+def ear_world(tmp_path, monkeypatch, tiny_model_dir):
+    import yaml
+
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
+    root = _ear_world(tmp_path / "ear-world")
+    config = {"kind": "ear", "name": "ear-world", "data": {"collection": str(root), "validation_queries": 8},
+              "expansion": {"source": "file", "path": str(root / "expansions.jsonl"), "n": 4},
+              "ear": {"reranker": "ri", "alpha": 0.1, "max_rank": 11, "depth": 10, "learning_rate": 1e-3, "epochs": 4,
+                      "warmup_steps": 0, "queries_per_step": 2},
+              "model": {"name": str(tiny_model_dir), "max_length": 32}, "precision": "fp32"}
+    path = tmp_path / "ear.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return root, path, config
+
+
+def test_ear_rows_hold_each_expansions_label_and_the_top_document_rd_reads(ear_world):
+    from workloads.data.collections import resolve_collection
+    from workloads.expansion.kind import load_ear_trial
+    from workloads.expansion.training import pair_texts, prepare_ear
+    from workloads.retrieval.bm25 import retrieve
+
+    root, path, _ = ear_world
+    spec = load_ear_trial(str(path)).model_copy(update={"ear": load_ear_trial(str(path)).ear.model_copy(update={"reranker": "rd"})})
+    prepared = prepare_ear(spec)
+    collection = resolve_collection(str(root))
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(prepared.splits["test"].rows).to_pydict()
+    assert len(rows["query_id"]) == 20 * 4
+    for qid, text, expansion, top_document, rank in list(zip(rows["query_id"], rows["query"], rows["expansion"],
+                                                             rows["top_document"], rows["rank"]))[:12]:
+        alone, _ = retrieve(collection, {qid: f"{text} {expansion}"}, k=10)
+        ordered = sorted(alone[qid].items(), key=lambda item: (-item[1], item[0]))
+        assert top_document == collection.document(ordered[0][0]).contents  # d_i: what q + e_i retrieves first
+        relevant = f"d{qid[1:]}"
+        expected = next((r for r, (d, _) in enumerate(ordered, 1) if d == relevant), 0)
+        assert rank == expected and (rank == 1) == expansion.endswith("alpha"), (qid, expansion, rank)
+    firsts, seconds = pair_texts("rd", "[SEP]", {k: rows[k][:1] for k in rows})
+    assert firsts == [f"{rows['query'][0]} [SEP] {rows['expansion'][0]}"] and seconds == rows["top_document"][:1]
+    assert pair_texts("ri", "[SEP]", {k: rows[k][:1] for k in rows}) == (rows["query"][:1], rows["expansion"][:1])
+
+
+def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_world, tmp_path):
+    """The whole kind in-process: the RI reranker learns the constructed task (it picks "alpha"
+    where the first expansion never is), its kept run holds the chosen expansions' rankings of
+    every split, and a re-ranking trial with ``first_stage: {method: ear}`` re-ranks exactly those."""
+    import pyarrow.parquet as pq
+
+    from workloads.expansion.comparison import ear_comparison
+    from workloads.expansion.kind import RUN_FILE, load_ear_trial, trained_ear
+    from workloads.kinds import kind_of, requirements, run_in_process
+    from workloads.retrieval.bm25 import read_trec_run
+    from workloads.spec import TrialSpec
+    from workloads.trial import prepare_trial
+
+    root, path, _ = ear_world
+    spec = load_ear_trial(str(path))
+    prepared, records, tested = run_in_process(spec, tmp_path / "ear-checkpoints")
+    assert [r.metrics["epoch"] for r in records] == [1, 2, 3, 4]
+    rows = {r.name: r for r in ear_comparison(spec)}
+    assert rows["oracle"].evaluation.aggregate["success_at_5"] == 1.0 and rows["first"].evaluation.aggregate["ndcg_at_10"] < 0.5
+    assert tested.evaluation.aggregate["ndcg_at_10"] >= 0.9, [r.metrics for r in records]  # learned: near the oracle
+    assert rows["ear-ri"].evaluation.aggregate == tested.evaluation.aggregate  # the kept run is what was tested
+    assert rows["ear-ri"].p_vs_bm25 < 0.01
+    kept = read_trec_run(trained_ear(spec) / RUN_FILE)
+    assert len(kept) == 40 + 20  # every query of train (32 + 8 carved for validation) and test
+
+    rerank = TrialSpec.model_validate({
+        "name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},
+        "first_stage": {"method": "ear", "run": str(path), "train_depth": 5, "validation_depth": 5, "test_depth": 3},
+        "training_data": {"size": 20}, "model": {"name": spec.model.name, "max_length": 32}})
+    assert [kind_of(r).name for r in requirements([rerank])] == ["ear"]  # trained first where it is not
+    trial = prepare_trial(rerank)
+    candidates = pq.read_table(trial.test_candidates, columns=["query_id", "doc_id"]).to_pydict()
+    by_query: dict = {}
+    for qid, doc_id in zip(candidates["query_id"], candidates["doc_id"]):
+        by_query.setdefault(qid, set()).add(doc_id)
+    expected = {qid: {d for d, _ in sorted(kept[qid].items(), key=lambda i: (-i[1], i[0]))[:3]} for qid in by_query}
+    assert len(by_query) == 20 and by_query == expected
+
+
+def test_a_reranking_trial_before_its_ear_trial_is_one_line(ear_world):
+    from workloads.retrieval.first_stage import EarNotTrained
+    from workloads.spec import TrialSpec
+    from workloads.trial import prepare_trial
+
+    root, path, _ = ear_world
+    rerank = TrialSpec.model_validate({"name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},
+                                       "first_stage": {"method": "ear", "run": str(path)},
+                                       "model": {"name": "minilm-l6"}, "training_data": {"size": 20}})
+    with pytest.raises(EarNotTrained, match="is not trained yet"):
+        prepare_trial(rerank)
+    with pytest.raises(ValueError, match="method 'ear' needs run"):
+        TrialSpec.model_validate({"name": "t", "data": {"collection": "x"}, "model": {"name": "m"},
+                                  "first_stage": {"method": "ear"}})
+    from workloads.expansion.kind import EarSpec
+
+    with pytest.raises(ValueError, match="must be above depth"):
+        EarSpec(max_rank=50, depth=100)

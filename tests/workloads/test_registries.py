@@ -224,7 +224,10 @@ def _kind_examples():
 
     rerank = TrialSpec.model_validate({"name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
                                        "augmentation": {"method": "linear"}})
-    return {"rerank": rerank, "selector": selector_trial(rerank)}
+    from workloads.expansion.kind import EarTrialSpec
+
+    ear = EarTrialSpec.model_validate({"kind": "ear", "name": "e", "data": {"collection": "beir/scifact"}, "model": {"name": "m"}})
+    return {"rerank": rerank, "selector": selector_trial(rerank), "ear": ear}
 
 
 @pytest.mark.parametrize("name", sorted(TRIAL_KINDS))

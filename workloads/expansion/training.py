@@ -73,7 +73,8 @@ class EarInputs:
     """What a worker reads."""
 
     training_rows: str
-    validation: EarSplit
+    validation_rows: str
+    validation_rankings: str
     validation_qrels: dict[str, dict[str, int]]
     relevance_level: int
 
@@ -184,7 +185,8 @@ def prepare_ear(spec: EarTrialSpec) -> PreparedEar:
     first_stage_validation = evaluate(read_trec_run(validation_bm25), validation_qrels, collection.relevance_level,
                                       RETRIEVAL_MEASURES).aggregate
     return PreparedEar(
-        inputs=EarInputs(splits["train"].rows, splits["validation"], validation_qrels, collection.relevance_level),
+        inputs=EarInputs(splits["train"].rows, splits["validation"].rows, splits["validation"].rankings, validation_qrels,
+                         collection.relevance_level),
         splits=splits, test_qrels=test_qrels, test_relevance_level=test_collection.relevance_level,
         systems=_systems(test_collection, test_queries, test_qrels, spec),
         first_stage_validation=first_stage_validation,
@@ -352,10 +354,10 @@ class EarEpochs:
         return {"epoch": epoch, "train_loss": total / len(mine), "epoch_train_seconds": time.perf_counter() - started}
 
     def validate(self, epoch: int) -> dict[str, float]:
-        chosen = chosen_expansions(self.model, self.spec.ear.reranker, self.inputs.validation.rows,
+        chosen = chosen_expansions(self.model, self.spec.ear.reranker, self.inputs.validation_rows,
                                    self.spec.ear.eval_batch_size, self.spec.precision, f"validate EAR epoch {epoch}",
                                    self.device)
-        evaluation = evaluate(chosen_run(self.inputs.validation.rankings, chosen), self.inputs.validation_qrels,
+        evaluation = evaluate(chosen_run(self.inputs.validation_rankings, chosen), self.inputs.validation_qrels,
                               self.inputs.relevance_level, RETRIEVAL_MEASURES)
         return {f"val_{k}": v for k, v in evaluation.aggregate.items()}
 

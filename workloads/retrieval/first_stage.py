@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from workloads.data.collections import Collection, remembered_file_hash, scored_documents
-from workloads.errors import InputError
+from workloads.errors import InputError, RequirementNotTrained
 from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key
 from workloads.retrieval.bm25 import (
@@ -179,7 +179,7 @@ def _grouped(scored: Iterator[tuple[str, str, float]], wanted: set[str], source:
         yield current, ranking
 
 
-class EarNotTrained(InputError):
+class EarNotTrained(RequirementNotTrained):
     """A re-ranking trial's first stage is an EAR trial that has not finished yet."""
 
 

@@ -65,6 +65,23 @@ class PreparedSelector:
     inputs: SelectorInputs
     trial: PreparedTrial  # the same data as the plain re-ranking trial (test candidates, BM25 baselines)
 
+    # what the orchestrator tracks of any kind's prepared data: the plain trial's
+    @property
+    def data_stats(self) -> dict[str, int]:
+        return self.trial.data_stats
+
+    @property
+    def first_stage_validation(self) -> dict[str, float]:
+        return self.trial.first_stage_validation
+
+    @property
+    def first_stage_test(self):
+        return self.trial.first_stage_test
+
+    @property
+    def test_first_stage_run(self) -> str:
+        return self.trial.test_first_stage_run
+
 
 SENTENCES_SCHEMA = pa.schema([("doc_id", pa.string()), ("sentences", pa.list_(pa.string()))])
 

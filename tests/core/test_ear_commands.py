@@ -1,0 +1,84 @@
+"""EAR through the commands: a re-ranking trial whose first stage is an EAR trial trains that
+trial first (one tracked run of kind ear) and re-ranks what it retrieved; the EAR file alone
+prints its comparison; a sweep's dry run lists it; bad input is one line."""
+
+import json
+
+import pytest
+import yaml
+
+from tests.core.test_offline import assert_one_clear_line
+from tests.helpers import by_kind, mlflow_runs, orchestrate
+from tests.workloads.test_expansion import ear_world  # noqa: F401 - the fixture
+
+
+@pytest.mark.slow
+def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_world, tmp_path):  # noqa: F811
+    from workloads.evaluation import evaluate
+    from workloads.expansion.kind import RUN_FILE, load_ear_trial, trained_ear
+    from workloads.retrieval.bm25 import read_trec_run
+
+    root, ear_file, config = ear_world
+    rerank = {"name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},
+              "first_stage": {"method": "ear", "run": ear_file.name, "train_depth": 5, "validation_depth": 5,
+                              "test_depth": 3},
+              "training_data": {"size": 20}, "model": config["model"],
+              "optimization": {"epochs": 1, "batch_size": 4, "precision": "fp32"}, "resources": {"cpus_per_worker": 1}}
+    (tmp_path / "after-ear.yaml").write_text(yaml.safe_dump(rerank))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = ("--tracking-uri", uri, "--storage", str(tmp_path / "ray"))
+    proc = orchestrate(tmp_path, "run", "after-ear.yaml", *store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, runs = mlflow_runs(uri, "after-ear")
+    ear_runs, trials = by_kind(runs, "ear"), by_kind(runs, "trial")
+    assert [r.info.status for r in ear_runs] == ["FINISHED"] and [r.info.status for r in trials] == ["FINISHED"]
+    assert ear_runs[0].data.tags["reranker"] == "ri" and "test_recall_at_100" in ear_runs[0].data.metrics
+
+    spec = load_ear_trial(str(ear_file))
+    kept = read_trec_run(trained_ear(spec) / RUN_FILE)
+    test_qrels = {f"q{i}": {f"d{i}": 1} for i in range(40, 60)}
+    ear_test = evaluate({q: kept[q] for q in test_qrels}, test_qrels, 1)
+    # the trial's first stage on its test queries is EAR's run: the same nDCG@10
+    assert trials[0].data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(ear_test.aggregate["ndcg_at_10"])
+
+    proc = orchestrate(tmp_path, "run", str(ear_file), *store, "--json")  # kept: reused, its comparison printed
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    systems = json.loads(proc.stdout)["trials"][0]["systems"]
+    assert list(systems) == ["bm25", "rm3", "first", "concatenated", "ear-ri", "oracle"]
+    assert systems["ear-ri"]["metrics"]["ndcg_at_10"] == pytest.approx(ear_test.aggregate["ndcg_at_10"])
+    assert 0 <= systems["ear-ri"]["p_value_vs_rm3"] <= 1 and systems["bm25"]["p_value_vs_bm25"] is None
+    _, runs = mlflow_runs(uri, ear_file.stem)
+    assert by_kind(runs, "ear") == []  # reused from the cache: not trained or tracked again
+
+    sweep = {"name": "after-ear-grid", "base": {k: v for k, v in rerank.items() if k not in ("name", "model", "training_data")},
+             "grid": {"models": [config["model"]["name"]], "max_length": 32, "losses": [{"ranking": "pointwise"}],
+                      "augmentations": [{"method": "none"}], "sizes": [20]},
+             "search": {"trials_per_cell": 1}}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(sweep))
+    proc = orchestrate(tmp_path, "sweep", "grid.yaml", "--dry-run", "--json", *store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    assert [(e["name"], e["trained"], e["cells"]) for e in plan["ear_trials"]] == [("ear-world", True, 1)]
+
+
+def test_ear_files_bad_input_is_one_line(ear_world, tmp_path, monkeypatch):  # noqa: F811
+    root, ear_file, config = ear_world
+    proc = orchestrate(tmp_path, "run", str(ear_file), "--dry-run")
+    assert proc.returncode == 0 and "EAR trial ear-world (identity " in proc.stdout, proc.stderr[-2000:]
+
+    (root / "expansions.jsonl").write_text((root / "expansions.jsonl").read_text() +
+                                           json.dumps({"query_id": "q999", "expansion": "x"}) + "\n")
+    assert_one_clear_line(orchestrate(tmp_path, "run", str(ear_file), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"),
+                          "expansions.jsonl", "1 query ids are not queries of")
+    assert not (tmp_path / "m.db").exists()  # nothing written before the inputs are known good
+
+    generated = {**config, "expansion": {"source": "generator", "model": "some-org/not-cached-generator", "n": 2}}
+    (tmp_path / "gen.yaml").write_text(yaml.safe_dump(generated))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_one_clear_line(orchestrate(tmp_path, "run", "gen.yaml"), "expansion.model some-org/not-cached-generator",
+                          "not in the local Hugging Face cache")
+
+    rerank = {"name": "r", "data": {"collection": str(root)}, "model": config["model"],
+              "first_stage": {"method": "ear", "run": "missing.yaml"}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(rerank))
+    assert_one_clear_line(orchestrate(tmp_path, "run", "r.yaml"), "missing.yaml", "no such EAR trial file")
