@@ -49,7 +49,8 @@ class TrialKind:
     train: Callable                              # train(spec, inputs, report, device=..., resume_from=...)
     test: Callable[..., Reranking]               # (checkpoint, prepared, spec, chosen epoch's metrics, device=None)
     finished: Callable[[Any], Path | None] = lambda spec: None    # a result kept outside the run store, if any
-    keep: Callable[[Any, Path, dict], Path | None] = lambda spec, checkpoint, summary: None  # keep the chosen one
+    # keep the chosen one: (spec, checkpoint, summary, device=None), where the test ran
+    keep: Callable[..., Path | None] = lambda spec, checkpoint, summary, device=None: None
     key: Callable[[Any], str] | None = None     # identity of a required trial (shared by every trial requiring it)
     # train also takes in_epoch_dir (state saved inside an epoch, optimization.checkpoint_every)
     resumes_in_epoch: bool = False

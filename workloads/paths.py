@@ -74,3 +74,28 @@ def exclusive(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# Keys whose values are file or directory paths in a trial or sweep file; relative ones resolve
+# against the YAML file's directory when they exist there, so a file means the same wherever the
+# command runs (and wherever it is read from: a re-ranking trial's EAR trial file too).
+PATH_KEYS = {"collection", "test_collection", "path", "glove_path", "run"}
+
+
+def resolve_paths(data, base: Path):
+    """``data`` with every relative path under :data:`PATH_KEYS` that exists next to the YAML
+    file made absolute (normalised: one spelling, one cache entry). Names that are not such
+    paths (``beir/scifact``, ``glove/glove.6B.50d...``, ir_datasets ids) stay as they are and
+    resolve as before (``$ORCHESTRATE_DATA_DIR``, ir_datasets)."""
+    if isinstance(data, list):
+        return [resolve_paths(item, base) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        if key in PATH_KEYS and isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            candidate = (base / value).resolve()
+            out[key] = str(candidate) if candidate.exists() else value
+        else:
+            out[key] = resolve_paths(value, base)
+    return out

@@ -24,6 +24,9 @@ def add_parser(sub, common) -> None:
     parser.add_argument("--n", type=bounded(int, 1, 200, what="expansions per query"), default=20, help="expansions per query")
     parser.add_argument("--seed", type=int, default=0, help="the draws of pseudo_relevance")
     parser.add_argument("--depth", type=bounded(int, 1, what="hits per query"), default=100, help="hits per query")
+    parser.add_argument("--ear", metavar="FILE", action="append", default=[],
+                        help="an EAR trial file (kind: ear) whose kept reranker chooses among these expansions too, "
+                             "trained elsewhere (zero-shot on another collection); repeatable")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)
 
@@ -52,19 +55,31 @@ def run(args: argparse.Namespace) -> int:
     expanded = expansions(collection, queries, spec)
     runs = unchosen_systems(collection, queries, expanded, qrels, collection.relevance_level, args.depth)
     evaluations = {name: evaluate(runs[name], qrels, collection.relevance_level, RETRIEVAL_MEASURES) for name in SYSTEMS}
+    labels = dict(LABELS)
+    for path in args.ear:  # each kept EAR reranker's choice, beside the oracle's
+        from workloads.expansion.kind import load_ear_trial
+        from workloads.expansion.training import transferred_choice
+
+        trial = load_ear_trial(path)
+        name = f"ear-{trial.ear.reranker}:{trial.name}"
+        labels[name] = f"EAR-{trial.ear.reranker.upper()} ({trial.name})"
+        chosen = transferred_choice(trial, collection, args.split, queries, qrels, spec, args.depth)
+        evaluations[name] = evaluate(chosen, qrels, collection.relevance_level, RETRIEVAL_MEASURES)
+    order = [n for n in SYSTEMS if n != "oracle"] + [n for n in evaluations if n not in SYSTEMS] + ["oracle"]
+    evaluations = {name: evaluations[name] for name in order}
     p_values = {name: paired_test(evaluations[name].per_query["ndcg_at_10"], evaluations["bm25"].per_query["ndcg_at_10"]).p_value
-                for name in SYSTEMS if name != "bm25"}
+                for name in evaluations if name != "bm25"}
     if args.json:
         emit(json.dumps({"dataset": args.dataset, "split": args.split, "expansion": spec.model_dump(), "depth": args.depth,
                          "queries": evaluations["bm25"].num_queries,
                          "systems": {name: {"metrics": evaluations[name].aggregate, "p_value_vs_bm25": p_values.get(name)}
-                                     for name in SYSTEMS},
+                                     for name in evaluations},
                          "example": {qid: expanded[qid][:3] for qid in list(queries)[:2]}}, indent=2))
         return 0
     emit(f"{args.dataset} {args.split}: {evaluations['bm25'].num_queries} queries, {spec.n} {spec.source} expansions each "
          f"(seed {spec.seed}), BM25 top-{args.depth}")
-    emit(metrics_table([(LABELS[name], evaluations[name].aggregate) for name in SYSTEMS]))
-    emit("nDCG@10 against BM25 (paired t-test): " + ", ".join(f"{LABELS[n]} p={p:.3g}" for n, p in p_values.items()))
+    emit(metrics_table([(labels[name], evaluations[name].aggregate) for name in evaluations]))
+    emit("nDCG@10 against BM25 (paired t-test): " + ", ".join(f"{labels[n]} p={p:.3g}" for n, p in p_values.items()))
     headroom = evaluations["oracle"].aggregate["ndcg_at_10"] - evaluations["bm25"].aggregate["ndcg_at_10"]
     emit(f"headroom of choosing an expansion (oracle - BM25, nDCG@10): {headroom:+.4f}")
     return 0

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from workloads.errors import InputError
+from workloads.paths import resolve_paths  # one rule for every file that names files (an EAR trial's too)
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -62,30 +63,6 @@ def read_yaml(path: Path) -> tuple[dict, dict[tuple, int]]:
     except DuplicateKey as exc:
         raise InputError(f"{path}:{exc.line}", str(exc)) from None
     return resolve_paths(data, path.parent), lines
-
-
-# Keys whose values are file or directory paths; relative ones resolve against the YAML file's
-# directory when they exist there, so a file means the same wherever the command runs.
-PATH_KEYS = {"collection", "test_collection", "path", "glove_path"}
-
-
-def resolve_paths(data, base: Path):
-    """``data`` with every relative path under :data:`PATH_KEYS` that exists next to the YAML
-    file made absolute (normalised: one spelling, one cache entry). Names that are not such
-    paths (``beir/scifact``, ``glove/glove.6B.50d...``, ir_datasets ids) stay as they are and
-    resolve as before (``$ORCHESTRATE_DATA_DIR``, ir_datasets)."""
-    if isinstance(data, list):
-        return [resolve_paths(item, base) for item in data]
-    if not isinstance(data, dict):
-        return data
-    out = {}
-    for key, value in data.items():
-        if key in PATH_KEYS and isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            candidate = (base / value).resolve()
-            out[key] = str(candidate) if candidate.exists() else value
-        else:
-            out[key] = resolve_paths(value, base)
-    return out
 
 
 def _describe(error: dict) -> str:

@@ -359,7 +359,10 @@ def ensure_requirement(required, tracker: Tracker, experiment_id: str, storage_p
                    schema.TIME_EVALUATION: time.perf_counter() - test_started, schema.TIME_TRIAL: time.perf_counter() - started,
                    schema.EPOCHS_RUN: float(len(epochs))}
         tracker.log_metrics(run_id, metrics)
-        path = kind.keep(required, Path(best.checkpoint), {**result_summary(best.metrics, tested), **metrics})
+        # where the test ran (the trial's resources, a GPU where there is one): keeping an EAR trial
+        # scores every query's expansions once more
+        path = ray.get(submit_task(required, kind.keep, required, Path(best.checkpoint),
+                                   {**result_summary(best.metrics, tested), **metrics}))
         tracker.set_tags(run_id, {schema.CHECKPOINT_TAG: str(path)})
         tracker.finish(run_id, "FINISHED")
         log.info("%s %s: chosen epoch %d of %d, val nDCG@10 %.4f, test nDCG@10 %.4f", kind.name, required.name,

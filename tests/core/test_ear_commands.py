@@ -50,6 +50,14 @@ def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_wor
     _, runs = mlflow_runs(uri, ear_file.stem)
     assert by_kind(runs, "ear") == []  # reused from the cache: not trained or tracked again
 
+    # the kept reranker choosing among a split's expansions anywhere: on its own test split, its test
+    proc = orchestrate(tmp_path, "expand", "--dataset", str(root), "--split", "test", "--source", "file", "--path",
+                       config["expansion"]["path"], "--n", "4", "--depth", "10", "--ear", str(ear_file), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expanded = json.loads(proc.stdout)["systems"]
+    assert list(expanded) == ["bm25", "rm3", "first", "concatenated", "ear-ri:ear-world", "oracle"]
+    assert expanded["ear-ri:ear-world"]["metrics"]["ndcg_at_10"] == pytest.approx(ear_test.aggregate["ndcg_at_10"])
+
     sweep = {"name": "after-ear-grid", "base": {k: v for k, v in rerank.items() if k not in ("name", "model", "training_data")},
              "grid": {"models": [config["model"]["name"]], "max_length": 32, "losses": [{"ranking": "pointwise"}],
                       "augmentations": [{"method": "none"}], "sizes": [20]},

@@ -31,10 +31,18 @@ def test_every_shipped_sweep_tests_on_held_out_queries(path):
 
 @pytest.mark.parametrize("path", TRIAL_FILES, ids=lambda p: p.stem)
 def test_every_shipped_trial_file_tests_on_held_out_queries(path):
-    from orchestrator.core.config import load_trials
+    from orchestrator.core.config import load_trials, read_yaml
     from orchestrator.core.lifecycle import target_overlap, targets
+    from workloads.data.collections import resolve_collection
+    from workloads.expansion.kind import EarTrialSpec, is_ear_file
     from workloads.spec import TrialSpec
 
+    if is_ear_file(read_yaml(path)[0]):  # an EAR trial tests on its own test split, by configuration apart
+        _, specs = load_trials(path, EarTrialSpec)
+        for spec in specs:
+            collection = resolve_collection(spec.data.collection)
+            assert not set(collection.split_qrels(spec.data.test_split)) & set(collection.split_qrels(spec.data.train_split))
+        return
     _, specs = load_trials(path, TrialSpec)  # by configuration
     for spec in specs:
         for target in targets(spec):

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from workloads.errors import InputError
-from workloads.paths import cache_dir, stable_key
+from workloads.paths import cache_dir, resolve_paths, stable_key
 from workloads.spec import DataSpec, ExpansionSpec, ModelSpec, ResourcesSpec
 from workloads.text.sentences import SPLITTER_VERSION
 
@@ -121,8 +121,8 @@ def load_ear_trial(path: str) -> EarTrialSpec:
         raise InputError(path, f"not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or data.get("kind") != "ear":
         raise InputError(path, "first_stage run: not an EAR trial file (it needs kind: ear)")
-    try:
-        return EarTrialSpec.model_validate(data)
+    try:  # its relative paths as `orchestrate run` reads them: against the file's directory
+        return EarTrialSpec.model_validate(resolve_paths(data, file.resolve().parent))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

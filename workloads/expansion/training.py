@@ -388,16 +388,39 @@ def test_ear(checkpoint: Path, prepared: PreparedEar, spec: EarTrialSpec, chosen
     return Reranking(evaluate(run, prepared.test_qrels, prepared.test_relevance_level, RETRIEVAL_MEASURES), run)
 
 
-def keep_ear(spec: EarTrialSpec, checkpoint: Path, summary: dict) -> Path:
+def kept_reranker(spec: EarTrialSpec, device: torch.device | None = None) -> CrossEncoder:
+    """The query reranker a finished EAR trial kept."""
+    from workloads.errors import InputError
+    from workloads.expansion.kind import trained_ear
+
+    kept = trained_ear(spec)
+    if kept is None:
+        raise InputError(spec.name, f"EAR trial not trained yet ({ear_dir(spec)}): `orchestrate run` trains it")
+    return _load(kept / MODEL_DIR, spec, device)
+
+
+def transferred_choice(spec: EarTrialSpec, collection: Collection, split: str, queries: dict[str, str], qrels: Qrels,
+                       expansion, depth: int) -> Run:
+    """The kept reranker of ``spec`` choosing among ``expansion`` (an ExpansionSpec) of another
+    split's or collection's queries, untrained there (zero-shot): its chosen expansions' runs."""
+    ear = spec.ear.model_copy(update={"depth": depth, "max_rank": max(spec.ear.max_rank, depth + 1)})
+    here = spec.model_copy(update={"expansion": expansion, "ear": ear})
+    files = _split_files(collection, f"transfer-{split}", queries, qrels, here)
+    picked = chosen_expansions(kept_reranker(spec), spec.ear.reranker, files.rows, spec.ear.eval_batch_size,
+                               spec.precision, f"EAR-{spec.ear.reranker.upper()} ({spec.name}) on {collection.name} {split}")
+    return chosen_run(files.rankings, picked)
+
+
+def keep_ear(spec: EarTrialSpec, checkpoint: Path, summary: dict, device: torch.device | None = None) -> Path:
     """Keep the chosen reranker and the run of its chosen expansions for every query of the
     trial's splits (what a re-ranking trial with ``first_stage: {method: ear}`` reads), the
     result file last."""
     prepared = prepare_ear(spec)  # cached: read back, nothing computed again
-    model = _load(checkpoint, spec, None)
+    model = _load(checkpoint, spec, device)
     run: Run = {}
     for role in ROLES:
         picked = chosen_expansions(model, spec.ear.reranker, prepared.splits[role].rows, spec.ear.eval_batch_size,
-                                   spec.precision, f"EAR run, {role}")
+                                   spec.precision, f"EAR run, {role}", device)
         run.update(chosen_run(prepared.splits[role].rankings, picked))
     final = ear_dir(spec)
     with atomic_path(final) as tmp:
@@ -411,4 +434,4 @@ def keep_ear(spec: EarTrialSpec, checkpoint: Path, summary: dict) -> Path:
 
 
 __all__ = ["EarInputs", "EarSplit", "PreparedEar", "chosen_expansions", "chosen_run", "ear_loss", "keep_ear",
-           "pair_texts", "prepare_ear", "test_ear", "train_ear", "training_groups"]
+           "kept_reranker", "pair_texts", "prepare_ear", "test_ear", "train_ear", "training_groups", "transferred_choice"]

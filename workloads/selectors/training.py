@@ -278,7 +278,7 @@ def evaluate_selector_checkpoint(checkpoint: Path, prepared: PreparedSelector, s
                                 "test selector")
 
 
-def install_selector(spec: SelectorTrialSpec, checkpoint: Path, summary: dict) -> Path:
+def install_selector(spec: SelectorTrialSpec, checkpoint: Path, summary: dict, device=None) -> Path:
     """Copy the chosen checkpoint to the selector cache (atomically; the result file last)."""
     final = selector_dir(spec)
     with atomic_path(final) as tmp:
