@@ -470,4 +470,11 @@ class TrialSpec(_Strict):
             raise ValueError(f"robustness lists a perturbation twice: {self.robustness}")
         if self.robustness and self.data.test_perturbation:
             raise ValueError("robustness perturbs the clean test queries: leave data.test_perturbation unset")
+        if self.first_stage.method == "ear":
+            if self.augmentation.selector is not None:  # a selector would read EAR's run before EAR is trained
+                raise ValueError("a supervised selector (augmentation linear or attention) on an EAR first stage is not "
+                                 "supported: augment with random, bm25 or glove, or re-rank BM25's candidates")
+            if self.robustness:
+                raise ValueError("robustness re-ranks each perturbed query's own candidates, and an EAR trial chose "
+                                 "expansions for the clean queries only: test robustness on a searching first stage")
         return self

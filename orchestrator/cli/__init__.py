@@ -73,7 +73,7 @@ def _stop_ray_output() -> None:
         return
     try:
         ray.shutdown()
-    except Exception:  # noqa: BLE001 - a Ray already going down is no reason to hide the summary
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - a Ray going down (or a second Ctrl-C) hides no summary
         logging.getLogger("rerank_lab.cli").debug("ray.shutdown failed", exc_info=True)
 
 

@@ -481,7 +481,8 @@ def _ensure_requirements(spec: TrialSpec, tracker: Tracker, experiment: str, sto
         kind_of(each).prepare(each)  # their data is known good before MLflow is written
     if required:
         init_ray(ray_address)
-        check_resources(spec)  # they train with the trial's resources: refused before they wait forever
+        for each in [spec, *required]:  # a worker no node can hold is refused before anything waits forever
+            check_resources(each)
         experiment_id = tracker.experiment_id(experiment)
         for each in required:
             ensure_requirement(each, tracker, experiment_id, storage_path, ray_address)

@@ -498,7 +498,7 @@ def _train_requirements(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, e
                         ray_address: str | None) -> None:
     """Each distinct required trial (a supervised selector, an EAR trial), trained once (tracked
     under the sweep run) before the cells that need it."""
-    from orchestrator.core.execution import init_ray
+    from orchestrator.core.execution import check_resources, init_ray
     from workloads.kinds import kind_of
 
     required = requirements_needed([c.spec for c in cells])
@@ -507,6 +507,8 @@ def _train_requirements(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, e
     root = tracker.sweep_run(experiment_id, sweep.name)
     tracker.client.update_run(root, status="RUNNING")
     init_ray(ray_address)
+    for each in required:  # an EAR trial has resources of its own: refused before anything waits forever
+        check_resources(each)
     for number, each in enumerate(required, 1):
         log.info("required trial %d/%d: %s %s (%s)", number, len(required), kind_of(each).name, each.name,
                  requirement_run_key(each))

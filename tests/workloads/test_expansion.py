@@ -316,7 +316,23 @@ def test_a_reranking_trial_before_its_ear_trial_is_one_line(ear_world):
     with pytest.raises(ValueError, match="method 'ear' needs run"):
         TrialSpec.model_validate({"name": "t", "data": {"collection": "x"}, "model": {"name": "m"},
                                   "first_stage": {"method": "ear"}})
-    from workloads.expansion.kind import EarSpec
+    from workloads.expansion.kind import EarSpec, EarTrialSpec, ear_key, load_ear_trial
 
     with pytest.raises(ValueError, match="must be above depth"):
         EarSpec(max_rank=50, depth=100)
+    with pytest.raises(ValueError, match="supervised selector .* on an EAR first stage is not supported"):
+        TrialSpec.model_validate({"name": "t", "data": {"collection": str(root)}, "model": {"name": "m"},
+                                  "first_stage": {"method": "ear", "run": str(path)}, "augmentation": {"method": "linear"}})
+    with pytest.raises(ValueError, match="orchestrate expand --dataset"):
+        EarTrialSpec.model_validate({"name": "e", "data": {"collection": "beir/scifact", "test_collection": "wikiqa"},
+                                     "model": {"name": "m"}})
+    # an expansions file edited in place is another EAR trial: nothing kept for the old one is reused
+    spec = load_ear_trial(str(path))
+    expansions = root / "expansions.jsonl"
+    before = ear_key(spec)
+    expansions.write_text(expansions.read_text().replace("beta", "gamma"))
+    assert ear_key(load_ear_trial(str(path))) != before
+    several = path.parent / "several.yaml"
+    several.write_text("name: s\nbase: {kind: ear}\ntrials: {a: {}}\n")
+    with pytest.raises(InputError, match="several EAR trials; name a file of one"):
+        load_ear_trial(str(several))

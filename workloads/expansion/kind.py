@@ -82,12 +82,19 @@ class EarTrialSpec(_Strict):
         if self.data.test_perturbation is not None or self.data.test_first_stage is not None:
             raise ValueError("an EAR trial retrieves its test queries itself: data.test_perturbation and "
                              "data.test_first_stage belong to re-ranking trials")
+        if self.data.test_collection not in (None, self.data.collection):
+            raise ValueError("an EAR trial tests on its own collection (its run serves that collection's trials): for "
+                             "another collection, `orchestrate expand --dataset ... --ear <this file>` tests it zero-shot")
         return self
 
 
 def ear_key(spec: EarTrialSpec) -> str:
-    """What changes the kept result: everything but the name and the resources."""
-    return stable_key(spec.model_dump_json(exclude={"name": True, "resources": True}), f"sentences-v{SPLITTER_VERSION}")
+    """What changes the kept result: everything but the name, the resources and the scoring
+    batch, and the content of an expansions file (or a local generator) changed in place."""
+    from workloads.expansion.sources import source_content
+
+    payload = spec.model_dump_json(exclude={"name": True, "resources": True, "ear": {"eval_batch_size"}})
+    return stable_key(payload, source_content(spec.expansion), f"sentences-v{SPLITTER_VERSION}")
 
 
 def ear_dir(spec: EarTrialSpec) -> Path:
@@ -117,8 +124,12 @@ def load_ear_trial(path: str) -> EarTrialSpec:
         raise InputError(path, "first_stage run: no such EAR trial file")
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     except yaml.YAMLError as exc:
         raise InputError(path, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    if is_ear_file(data) and "trials" in data:
+        raise InputError(path, "first_stage run: a file of several EAR trials; name a file of one")
     if not isinstance(data, dict) or data.get("kind") != "ear":
         raise InputError(path, "first_stage run: not an EAR trial file (it needs kind: ear)")
     try:  # its relative paths as `orchestrate run` reads them: against the file's directory
@@ -126,7 +137,8 @@ def load_ear_trial(path: str) -> EarTrialSpec:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise InputError(path, f"{where}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise InputError(path, f"{where}: {message}" if where else message) from None
 
 
 __all__ = ["COMPLETE_MARKER", "RUN_FILE", "EarSpec", "EarTrialSpec", "ear_dir", "ear_key", "is_ear_file",

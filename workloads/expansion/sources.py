@@ -139,18 +139,23 @@ EXPANSION_SOURCES: dict[str, ExpansionSource] = {"pseudo_relevance": pseudo_rele
                                                   "file": from_file}
 
 
+def source_content(spec) -> object:
+    """What the settings of ``spec`` (an ExpansionSpec) do not say about its expansions: the
+    content of its file, the files of a local generator (either can change in place)."""
+    if spec.source == "file" and Path(spec.path).expanduser().is_file():
+        return remembered_file_hash(Path(spec.path).expanduser())
+    if spec.source == "generator" and Path(spec.model).expanduser().is_dir():
+        return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(spec.model).expanduser().iterdir()
+                      if f.is_file())
+    return ""
+
+
 def expansions(collection: Collection, queries: dict[str, str], spec) -> Expansions:
     """The expansions of ``queries`` under ``spec`` (an ExpansionSpec), cached by (corpus, queries,
     spec, the file's content): computed once, read back after."""
     if not queries:
         raise InputError(collection.name, "no queries to expand")
-    content = ""
-    if spec.source == "file" and Path(spec.path).expanduser().is_file():
-        content = remembered_file_hash(Path(spec.path).expanduser())
-    elif spec.source == "generator" and Path(spec.model).expanduser().is_dir():  # a local model changed in place
-        content = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(spec.model).expanduser().iterdir()
-                         if f.is_file())
-    key = stable_key(collection.fingerprint, sorted(queries.items()), spec.model_dump_json(), content,
+    key = stable_key(collection.fingerprint, sorted(queries.items()), spec.model_dump_json(), source_content(spec),
                      f"sentences-v{SPLITTER_VERSION}")
     path = cache_dir() / "expansions" / f"{spec.source}-{key}.json"
     if path.exists():
@@ -161,4 +166,4 @@ def expansions(collection: Collection, queries: dict[str, str], spec) -> Expansi
     return made
 
 
-__all__ = ["EXPANSION_SOURCES", "Expansions", "expansions"]
+__all__ = ["EXPANSION_SOURCES", "Expansions", "expansions", "source_content"]

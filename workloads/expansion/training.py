@@ -32,11 +32,12 @@ from transformers import get_constant_schedule_with_warmup
 
 from workloads.data.collections import Collection, Qrels, resolve_collection
 from workloads.data.tables import write_rows
+from workloads.errors import InputError
 from workloads.evaluation import RETRIEVAL_MEASURES, Evaluation, evaluate
 from workloads.expansion.kind import COMPLETE_MARKER, RUN_FILE, EarTrialSpec, ear_dir, ear_key
 from workloads.expansion.loss import ear_loss
 from workloads.expansion.retrieval import SYSTEMS, best_rank, expansion_runs, unchosen_systems
-from workloads.expansion.sources import expansions
+from workloads.expansion.sources import expansions, source_content
 from workloads.logs import get_logger, progress_bar
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, require_model_available, score_pairs
 from workloads.paths import atomic_path, cache_dir, stable_key
@@ -104,8 +105,8 @@ def _split_files(collection: Collection, role: str, queries: dict[str, str], qre
     params = BM25Params(k1=spec.bm25.k1, b=spec.bm25.b)
     judged = sorted((q, sorted(d.items())) for q, d in qrels.items() if q in queries)
     key = stable_key(collection.fingerprint, role, sorted(queries.items()), judged, collection.relevance_level,
-                     spec.expansion.model_dump_json(), spec.bm25.model_dump_json(), spec.ear.depth,
-                     f"sentences-v{SPLITTER_VERSION}")
+                     spec.expansion.model_dump_json(), source_content(spec.expansion), spec.bm25.model_dump_json(),
+                     spec.ear.depth, f"sentences-v{SPLITTER_VERSION}")
     directory = cache_dir() / "ear-data"
     rows_path, rankings_path = directory / f"{role}-{key}.rows.parquet", directory / f"{role}-{key}.rankings.parquet"
     if rows_path.exists() and rankings_path.exists():
@@ -146,7 +147,8 @@ def _systems(collection: Collection, queries: dict[str, str], qrels: Qrels, spec
     """The test split's unchosen systems, evaluated once and cached."""
     judged = sorted((q, sorted(d.items())) for q, d in qrels.items())
     key = stable_key(collection.fingerprint, sorted(queries.items()), judged, spec.expansion.model_dump_json(),
-                     spec.bm25.model_dump_json(), spec.ear.depth, RETRIEVAL_MEASURES, f"sentences-v{SPLITTER_VERSION}")
+                     source_content(spec.expansion), spec.bm25.model_dump_json(), spec.ear.depth, RETRIEVAL_MEASURES,
+                     f"sentences-v{SPLITTER_VERSION}")
     path = cache_dir() / "ear-data" / f"systems-{key}.json"
     if path.exists():
         return {name: Evaluation(**value) for name, value in json.loads(path.read_text()).items()}
@@ -178,6 +180,11 @@ def prepare_ear(spec: EarTrialSpec) -> PreparedEar:
         splits[role] = _split_files(where, role, queries, qrels, spec)
         log.info(f"{role}: {len(queries):,} queries x {spec.expansion.n} {spec.expansion.source} expansions, searched "
                  f"({time.perf_counter() - started:.0f}s)")
+    learnable = len(training_groups(splits["train"].rows, spec.ear.max_rank))
+    needed = spec.ear.queries_per_step * spec.resources.workers
+    if learnable < needed:  # said now, in one line, not by a worker after the run is written
+        raise InputError(spec.name, f"{learnable} training queries have expansions that BM25 ranks differently (a choice "
+                                    f"to learn): a step needs {needed} (ear.queries_per_step x resources.workers)")
     params = BM25Params(k1=spec.bm25.k1, b=spec.bm25.b)
     validation_bm25 = retrieved_run(collection, validation_queries, k=spec.ear.depth, params=params)
     from workloads.retrieval.bm25 import read_trec_run
@@ -390,7 +397,6 @@ def test_ear(checkpoint: Path, prepared: PreparedEar, spec: EarTrialSpec, chosen
 
 def kept_reranker(spec: EarTrialSpec, device: torch.device | None = None) -> CrossEncoder:
     """The query reranker a finished EAR trial kept."""
-    from workloads.errors import InputError
     from workloads.expansion.kind import trained_ear
 
     kept = trained_ear(spec)
@@ -404,7 +410,8 @@ def transferred_choice(spec: EarTrialSpec, collection: Collection, split: str, q
     """The kept reranker of ``spec`` choosing among ``expansion`` (an ExpansionSpec) of another
     split's or collection's queries, untrained there (zero-shot): its chosen expansions' runs."""
     ear = spec.ear.model_copy(update={"depth": depth, "max_rank": max(spec.ear.max_rank, depth + 1)})
-    here = spec.model_copy(update={"expansion": expansion, "ear": ear})
+    # BM25 at its defaults, as every other row of the comparison searches
+    here = spec.model_copy(update={"expansion": expansion, "ear": ear, "bm25": type(spec.bm25)()})
     files = _split_files(collection, f"transfer-{split}", queries, qrels, here)
     picked = chosen_expansions(kept_reranker(spec), spec.ear.reranker, files.rows, spec.ear.eval_batch_size,
                                spec.precision, f"EAR-{spec.ear.reranker.upper()} ({spec.name}) on {collection.name} {split}")

@@ -29,7 +29,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from workloads.data.collections import Collection, remembered_file_hash, scored_documents
+from workloads.data.collections import Collection, remembered_file_hash, resolve_collection, scored_documents
 from workloads.errors import InputError, RequirementNotTrained
 from workloads.logs import get_logger
 from workloads.paths import cache_dir, stable_key
@@ -187,6 +187,9 @@ def ear(collection: Collection, split: str, queries: dict[str, str], k: int, spe
     from workloads.expansion.kind import RUN_FILE, ear_dir, load_ear_trial, trained_ear
 
     trial = load_ear_trial(spec.run)
+    if resolve_collection(trial.data.collection).fingerprint != collection.fingerprint:
+        raise InputError(spec.run, f"EAR trial {trial.name} ranks {trial.data.collection}, not {collection.name}: an EAR "
+                                   "first stage serves its own collection's trials")
     kept = trained_ear(trial)
     if kept is None:
         raise EarNotTrained(spec.run, f"EAR trial {trial.name} is not trained yet ({ear_dir(trial)}): `orchestrate run` "
