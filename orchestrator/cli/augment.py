@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from workloads.trial import prepare_trial
 
     _, specs = selected_trials(args)
-    specs = [s for s in specs if s.augmentation.method != "none"]
+    specs = [s for s in specs if getattr(s, "augmentation", None) is not None and s.augmentation.method != "none"]
     if not specs:
         raise InputError(args.config, "no trial with augmentation (augmentation.method is none)")
     for spec in specs:

@@ -35,10 +35,12 @@ def units_of(path: Path) -> tuple[str, list]:
 
         sweep = load_sweep(path)
         return sweep.name, preparation_units(sweep, expand_grid(sweep))
-    from orchestrator.core.config import load_trials
-    from workloads.spec import TrialSpec
+    from orchestrator.cli.run import selected_trials
+    from orchestrator.core.preparation import Unit
 
-    experiment, specs = load_trials(path, TrialSpec)
+    experiment, specs = selected_trials(argparse.Namespace(config=str(path)))
+    if getattr(specs[0], "kind", None) == "ear":  # an EAR trial's data is its own: no targets beyond it
+        return experiment, [Unit(spec.name, (spec,)) for spec in specs]
     return experiment, [trial_unit(spec.name, [spec]) for spec in specs]
 
 

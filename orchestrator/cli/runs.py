@@ -9,7 +9,7 @@ from pathlib import Path
 from orchestrator.cli.output import HelpFormatter, add_tracking, emit
 from workloads.errors import InputError
 
-KINDS = ("sweep", "cell", "trial", "selector")
+KINDS = ("sweep", "cell", "trial", "selector", "ear")
 
 
 def add_parser(sub, common) -> None:

@@ -51,8 +51,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # MLflow 3 opens such experiments on their runs table
 
 # Run kinds (KIND_TAG values).
-SWEEP, CELL, TRIAL, SELECTOR = "sweep", "cell", "trial", "selector"
-RUN_KINDS = (SWEEP, CELL, TRIAL, SELECTOR)
+SWEEP, CELL, TRIAL, SELECTOR, EAR = "sweep", "cell", "trial", "selector", "ear"  # selector, ear: trial kinds' names
+RUN_KINDS = (SWEEP, CELL, TRIAL, SELECTOR, EAR)
 
 # The axes of a grid: MLflow tags on trial and cell runs alike; a cell's key hashes GRID_AXES.
 GRID_AXES = ("model", "loss", "augmentation", "size", "seed")
