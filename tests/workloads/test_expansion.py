@@ -288,6 +288,13 @@ def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_wor
     kept = read_trec_run(trained_ear(spec) / RUN_FILE)
     assert len(kept) == 40 + 20  # every query of train (32 + 8 carved for validation) and test
 
+    from workloads.expansion.training import train_ear
+
+    resumed: list = []  # a worker restarted after epoch 2 trains epochs 3 and 4 only, from epoch 2's state
+    train_ear(spec, prepared.inputs, lambda metrics, checkpoint: resumed.append(metrics["epoch"]),
+              resume_from=records[1].checkpoint)
+    assert resumed == [3, 4]
+
     rerank = TrialSpec.model_validate({
         "name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},
         "first_stage": {"method": "ear", "run": str(path), "train_depth": 5, "validation_depth": 5, "test_depth": 3},

@@ -45,7 +45,7 @@ from workloads.reranking import Reranking
 from workloads.retrieval.bm25 import BM25Params, retrieved_run, write_trec_run
 from workloads.text.sentences import SPLITTER_VERSION
 from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
-from workloads.training.step import adamw, checked_step
+from workloads.training.step import adamw, checked_step, optimization_state, resumed_state
 from workloads.trial import _test_queries, _training_queries, require_disjoint
 
 STATE_FILE = "ear_state.pt"
@@ -312,14 +312,9 @@ class EarEpochs:
         self.optimizer = adamw([{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": ear.learning_rate}])
         self.scheduler = get_constant_schedule_with_warmup(self.optimizer, ear.warmup_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.objective.amp_dtype == torch.float16)
-        self.first_epoch, state = 1, None
-        if resume_from is not None and (Path(resume_from) / STATE_FILE).exists():
-            state = torch.load(Path(resume_from) / STATE_FILE, map_location=device, weights_only=False)
-            if "optimizer" in state:
-                self.optimizer.load_state_dict(state["optimizer"])
-                self.scheduler.load_state_dict(state["scheduler"])
-                if "scaler" in state:
-                    self.scaler.load_state_dict(state["scaler"])
+        self.first_epoch = 1
+        state = resumed_state(resume_from, STATE_FILE, self.optimizer, self.scheduler, self.scaler, device)
+        if state is not None:
             self.first_epoch = state["epoch"] + 1
             self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
         self.stopping = EarlyStopping.restored(ear.patience, state)
@@ -372,8 +367,7 @@ class EarEpochs:
         self.model.save(checkpoint)
         if not resumable:
             return {}
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}
+        return optimization_state(self.optimizer, self.scheduler, self.scaler)
 
     def describe(self, metrics: dict[str, float]) -> str:
         return f" (recall@100 {metrics.get('val_recall_at_100', 0.0):.4f})"

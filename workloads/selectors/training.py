@@ -41,7 +41,7 @@ from workloads.selectors.kind import COMPLETE_MARKER, SelectorTrialSpec, selecto
 from workloads.selectors.select_and_rank import SelectAndRank
 from workloads.text.sentences import SPLITTER_VERSION, document_sentences
 from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
-from workloads.training.step import adamw, checked_step
+from workloads.training.step import adamw, checked_step, optimization_state, resumed_state
 from workloads.trial import PreparedTrial, prepare_trial
 
 STATE_FILE = "selector_state.pt"
@@ -198,14 +198,9 @@ class SelectorEpochs:
         self.optimizer = adamw(parameter_groups(self.model, sel.learning_rate, sel.selector_learning_rate))
         self.scheduler = get_constant_schedule_with_warmup(self.optimizer, sel.warmup_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.objective.amp_dtype == torch.float16)
-        self.first_epoch, state = 1, None
-        if resume_from is not None and (Path(resume_from) / STATE_FILE).exists():
-            state = torch.load(Path(resume_from) / STATE_FILE, map_location=device, weights_only=False)
-            if "optimizer" in state:  # absent after the last epoch: nothing left to train
-                self.optimizer.load_state_dict(state["optimizer"])
-                self.scheduler.load_state_dict(state["scheduler"])
-                if "scaler" in state:  # fp16 on GPU: the loss scale resumes where it was
-                    self.scaler.load_state_dict(state["scaler"])
+        self.first_epoch = 1
+        state = resumed_state(resume_from, STATE_FILE, self.optimizer, self.scheduler, self.scaler, device)
+        if state is not None:
             self.first_epoch = state["epoch"] + 1
             self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
         self.stopping = EarlyStopping.restored(sel.patience, state)
@@ -259,8 +254,7 @@ class SelectorEpochs:
         self.model.save(checkpoint)
         if not resumable:
             return {}
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}
+        return optimization_state(self.optimizer, self.scheduler, self.scaler)
 
     def describe(self, metrics: dict[str, float]) -> str:
         return f" (best {self.stopping.best:.4f}, {self.stopping.stale} epoch(s) without improvement)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -102,6 +103,26 @@ def accumulated_step(wrapped: torch.nn.Module, objective: TrainingObjective, opt
     scheduler.step()
     return total
 
+
+
+def optimization_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torch.amp.GradScaler) -> dict:
+    """What resumes an optimization inside a trial: the optimizer, its schedule, fp16's loss scale."""
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}
+
+
+def resumed_state(resume_from: Path | None, state_file: str, optimizer: torch.optim.Optimizer, scheduler,
+                  scaler: torch.amp.GradScaler, device: torch.device) -> dict | None:
+    """The state saved with a checkpoint (None without one), its optimization restored: absent
+    after a trial's last epoch (nothing left to train), the loss scale only where fp16 saved one."""
+    if resume_from is None or not (Path(resume_from) / state_file).exists():
+        return None
+    state = torch.load(Path(resume_from) / state_file, map_location=device, weights_only=False)
+    if "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if "scaler" in state:
+            scaler.load_state_dict(state["scaler"])
+    return state
 
 
 def checked_step(advice: str, *args, **kwargs) -> torch.Tensor:
