@@ -240,7 +240,11 @@ def chosen_expansions(model: CrossEncoder, reranker: str, rows_path: str, batch_
 
 def chosen_run(rankings_path: str, chosen: dict[str, int]) -> Run:
     """The BM25 rankings of the chosen expansions (a query whose expansion retrieved nothing is absent)."""
-    table = pq.read_table(rankings_path).to_pydict()
+    # Joined in Arrow: only the chosen 1/n of the rows (n expansions x depth hits per query)
+    # become Python objects, in every epoch's validation too.
+    wanted = pa.table({"query_id": pa.array(list(chosen), pa.string()),
+                       "expansion_index": pa.array(list(chosen.values()), pa.int32())})
+    table = pq.read_table(rankings_path).join(wanted, ["query_id", "expansion_index"], join_type="inner").to_pydict()
     run: Run = {}
     for qid, index, doc_id, score in zip(table["query_id"], table["expansion_index"], table["doc_id"], table["score"]):
         if chosen.get(qid) == index:
