@@ -22,10 +22,12 @@ from typing import Any
 from workloads.augmentation.scorers import SUPERVISED_METHODS
 from workloads.expansion.kind import COMPLETE_MARKER as EAR_RESULT
 from workloads.expansion.kind import EarTrialSpec, ear_key, load_ear_trial, trained_ear
+from workloads.expansion.training import STATE_FILE as EAR_STATE
 from workloads.expansion.training import EarInputs, keep_ear, prepare_ear, test_ear, train_ear
 from workloads.reranking import Reranking
 from workloads.selectors.kind import COMPLETE_MARKER as SELECTOR_RESULT
 from workloads.selectors.kind import SelectorTrialSpec, selector_key, selector_trial, trained_selector
+from workloads.selectors.training import STATE_FILE as SELECTOR_STATE
 from workloads.selectors.training import (
     SelectorInputs,
     evaluate_selector_checkpoint,
@@ -34,6 +36,7 @@ from workloads.selectors.training import (
     train_selector,
 )
 from workloads.spec import TrialSpec
+from workloads.training import STATE_FILE as RERANK_STATE
 from workloads.training import WEIGHT_METRIC, TrainingInputs, train_cross_encoder
 from workloads.trial import choose_epoch, evaluate_checkpoint, final_interpolation, prepare_trial
 
@@ -46,7 +49,8 @@ class TrialKind:
     requires: Callable[[Any], list]              # specs (of any kind) that must be finished first
     prepare: Callable[[Any], Any]                # driver: the data, cached by content
     worker_inputs: Callable[[Any], Any]          # prepared -> what the workers read (an ``inputs``)
-    train: Callable                              # train(spec, inputs, report, device=..., resume_from=...)
+    train: Callable                              # train(spec, inputs, report, device=..., resume_from=..., stop_requested=...)
+    epochs: Callable[[Any], int]                 # the most epochs it reports (a sweep's pruner counts them)
     test: Callable[..., Reranking]               # (checkpoint, prepared, spec, chosen epoch's metrics, device=None)
     finished: Callable[[Any], Path | None] = lambda spec: None    # a result kept outside the run store, if any
     # keep the chosen one: (spec, checkpoint, summary, device=None), where the test ran
@@ -55,6 +59,7 @@ class TrialKind:
     # train also takes in_epoch_dir (state saved inside an epoch, optimization.checkpoint_every)
     resumes_in_epoch: bool = False
     result_file: str = ""  # in a kept result's directory: its summary (JSON), written last
+    state_file: str = ""   # in an epoch's checkpoint: the resumable optimization state (never part of a logged model)
 
 
 def _rerank_requires(spec: TrialSpec) -> list:
@@ -77,14 +82,18 @@ def _selector_test(checkpoint: Path, prepared, spec: SelectorTrialSpec, chosen: 
 TRIAL_KINDS = {kind.name: kind for kind in (
     TrialKind("rerank", TrialSpec, TrainingInputs, requires=_rerank_requires, prepare=prepare_trial,
               worker_inputs=lambda prepared: prepared.training, train=train_cross_encoder, test=_rerank_test,
-              resumes_in_epoch=True),
+              epochs=lambda spec: spec.optimization.epochs * (spec.sir.stages if spec.sir else 1),
+              resumes_in_epoch=True, state_file=RERANK_STATE),
     TrialKind("selector", SelectorTrialSpec, SelectorInputs, requires=lambda spec: [], prepare=prepare_selector,
               worker_inputs=lambda prepared: prepared.inputs, train=train_selector,
-              test=_selector_test,
-              finished=trained_selector, keep=install_selector, key=selector_key, result_file=SELECTOR_RESULT),
+              test=_selector_test, epochs=lambda spec: spec.selector.epochs,
+              finished=trained_selector, keep=install_selector, key=selector_key, result_file=SELECTOR_RESULT,
+              state_file=SELECTOR_STATE),
     TrialKind("ear", EarTrialSpec, EarInputs, requires=lambda spec: [], prepare=prepare_ear,
               worker_inputs=lambda prepared: prepared.inputs, train=train_ear, test=test_ear,
-              finished=trained_ear, keep=keep_ear, key=ear_key, result_file=EAR_RESULT),
+              epochs=lambda spec: spec.ear.epochs,
+              finished=trained_ear, keep=keep_ear, key=ear_key, result_file=EAR_RESULT,
+              state_file=EAR_STATE),
 )}
 
 

@@ -59,6 +59,10 @@ def targets(spec: TrialSpec, zero_shot: Sequence[tuple] = ()) -> list[Target]:
     own = spec.data.test_collection or spec.data.collection
     label = collection_label(own, spec.data.test_split)
     out = [Target(schema.TEST, label, spec)]
+    if not isinstance(spec, TrialSpec):  # a kind that tests itself on its own split (an EAR trial)
+        if zero_shot:
+            raise ValueError(f"a {type(spec).__name__} has no zero-shot targets")
+        return out
     for perturbation in spec.robustness:
         data = spec.data.model_copy(update={"test_perturbation": perturbation})
         out.append(Target(schema.perturbed_target(perturbation), f"{label}+{perturbation}",
@@ -120,7 +124,7 @@ def training_data_identity(spec: TrialSpec) -> str:
     from workloads.data.collections import collection_identity
     from workloads.paths import stable_key
 
-    return stable_key(collection_identity(spec.data.collection), _first_stage_file(spec.first_stage))
+    return stable_key(collection_identity(spec.data.collection), _first_stage_file(getattr(spec, "first_stage", None)))
 
 
 def test_data_identity(evaluation_targets: Sequence[Target]) -> str:
@@ -132,7 +136,7 @@ def test_data_identity(evaluation_targets: Sequence[Target]) -> str:
     for target in evaluation_targets:
         data = target.spec.data
         parts += [collection_identity(data.test_collection or data.collection), data.test_split,
-                  _first_stage_file(data.test_first_stage or target.spec.first_stage)]
+                  _first_stage_file(getattr(data, "test_first_stage", None) or getattr(target.spec, "first_stage", None))]
     return stable_key(*parts)
 
 
@@ -202,12 +206,23 @@ class PendingEvaluation:
         import ray
 
         return TargetResult(self.target, ray.get(self.ref), self.prepared.first_stage_test, self.prepared.test_first_stage_run,
-                            self.prepared.test_candidates)
+                            getattr(self.prepared, "test_candidates", ""))
 
 
-def submit_evaluations(spec: TrialSpec, evaluation_targets: Sequence[Target], checkpoint: str,
-                       tuned_weight: float | None) -> list[PendingEvaluation]:
-    """Start testing ``checkpoint`` on every target as Ray tasks (all in flight at once)."""
+def submit_evaluations(spec, evaluation_targets: Sequence[Target], checkpoint: str, tuned_weight: float | None,
+                       chosen: dict[str, float] | None = None, prepared=None) -> list[PendingEvaluation]:
+    """Start testing ``checkpoint`` on every target as Ray tasks (all in flight at once). A
+    trial of another kind than re-ranking (a selector, an EAR trial: BM25 with the expansions
+    it chooses) is tested by its kind's own test on its own split, ``chosen`` being its chosen
+    epoch's metrics, ``prepared`` its prepared data when the caller holds it."""
+    if not isinstance(spec, TrialSpec):
+        from orchestrator.core.execution import submit_task
+        from workloads.kinds import kind_of
+
+        kind = kind_of(spec)
+        prepared = prepared if prepared is not None else kind.prepare(spec)  # cached by content
+        return [PendingEvaluation(target, prepared, submit_task(spec, kind.test, Path(checkpoint), prepared, spec,
+                                                                chosen or {})) for target in evaluation_targets]
     interpolation = final_interpolation(spec, tuned_weight)
     pending = []
     for target in evaluation_targets:
@@ -350,11 +365,10 @@ def ensure_requirement(required, tracker: Tracker, experiment_id: str, storage_p
         test_started = time.perf_counter()
         from orchestrator.core.execution import submit_task
 
-        tested = ray.get(submit_task(required, kind.test, Path(best.checkpoint), prepared, required, best.metrics))
-        own = required.data.test_collection or required.data.collection
-        target = Target(schema.TEST, collection_label(own, required.data.test_split), required)
-        log_target(tracker, run_id, TargetResult(target, tested, prepared.first_stage_test, prepared.test_first_stage_run),
-                   run_tag=f"rerank-lab.{required.name}")
+        [test] = submit_evaluations(required, targets(required), best.checkpoint, None, best.metrics, prepared)
+        result = test.result()
+        tested = result.reranking
+        log_target(tracker, run_id, result, run_tag=f"rerank-lab.{required.name}")
         metrics = {**summary, **timing(train_wall, summary), schema.TIME_PREPARE: prepare_seconds,
                    schema.TIME_EVALUATION: time.perf_counter() - test_started, schema.TIME_TRIAL: time.perf_counter() - started,
                    schema.EPOCHS_RUN: float(len(epochs))}

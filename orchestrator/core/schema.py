@@ -17,6 +17,7 @@ These are the code's names; MLflow stores them grouped by slashes (``test/ndcg_a
 from __future__ import annotations
 
 from workloads.evaluation import MEASURES
+from workloads.expansion.kind import EarTrialSpec
 from workloads.paths import stable_key
 from workloads.spec import LossSpec, RerankingSpec, TrialSpec
 from workloads.text.sentences import SPLITTER_VERSION
@@ -41,6 +42,7 @@ INTERRUPTED_TAG = "rerank_lab.interrupted"  # a run Ctrl-C stopped (status KILLE
 DATA_TAG = "rerank_lab.data"            # on a trial run: the identity of the data it trained and was validated on
 TEST_DATA_TAG = "rerank_lab.test_data"  # on a tested run: the identity of the data of every target it was tested on
 MODEL_TAG = "rerank_lab.model"          # on a cell run: the winning trial run whose model is its artifact MODEL_ARTIFACT
+KEPT_TAG = "rerank_lab.kept"            # on a cell run of EAR trials: where its winner is kept (reranker, run)
 MODEL_ARTIFACT = "model"                # the artifact path of a cell winner's model (CrossEncoder.from_pretrained loads it)
 SWEEP_FILE_TAG = "rerank_lab.sweep_file"  # on a sweep's experiment: the sweep file it belongs to
 STALE_TAG = "rerank_lab.stale"          # a finished trial run whose data changed since (its identity key gains @stale)
@@ -190,9 +192,16 @@ def sir_label(sir) -> str:
     return f"@{sir.variant}[{','.join(settings)}]"
 
 
-def axes(spec: TrialSpec) -> dict[str, str]:
+def axes(spec: TrialSpec | EarTrialSpec) -> dict[str, str]:
     """A trial's grid coordinates (tags). A sweep's trial runs and their cell run carry the same
-    values: searched hyper-parameters (k_a, lambda, tau, ...) are params, never axes."""
+    values: searched hyper-parameters (k_a, lambda, tau, ...) are params, never axes. An EAR
+    trial's use the same names, so status, reports and MLflow read both alike: ``loss`` is
+    ``ear-ri`` or ``ear-rd`` (EAR's rank loss over that reranker's inputs), ``augmentation``
+    its expansion source (what is added to each query), ``size`` ``full`` (it trains on every
+    training query with a choice to learn)."""
+    if isinstance(spec, EarTrialSpec):
+        return {"model": spec.model.name, "loss": f"ear-{spec.ear.reranker}", "augmentation": spec.expansion.source,
+                "size": "full", "seed": str(spec.seed), "collection": spec.data.collection}
     return {
         "model": spec.model.name,
         "loss": loss_label(spec.loss) + sir_label(spec.sir),

@@ -260,16 +260,21 @@ class Tracker:
             path.write_text(json.dumps(payload, indent=1, sort_keys=True))
             self.client.log_artifact(run_id, str(path), artifact_path)
 
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self.client.log_text(run_id, text, artifact_file)
+
     def log_file(self, run_id: str, path: Path, artifact_path: str) -> None:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
     def log_model(self, run_id: str, checkpoint: Path) -> None:
         """A checkpoint's model (weights, tokenizer, config) as the run's artifact ``model``,
         without the resumable training state (optimizer, schedule: twice the model's size)."""
-        from workloads.training import PROGRESS_FILE, STATE_FILE
+        from workloads.kinds import TRIAL_KINDS
+        from workloads.training import PROGRESS_FILE
 
+        left_out = {PROGRESS_FILE, *(kind.state_file for kind in TRIAL_KINDS.values())}
         for path in sorted(Path(checkpoint).iterdir()):
-            if path.is_file() and path.name not in (STATE_FILE, PROGRESS_FILE):
+            if path.is_file() and path.name not in left_out:
                 self.client.log_artifact(run_id, str(path), schema.MODEL_ARTIFACT)
 
     def log_new_params(self, run_id: str, params: dict[str, str]) -> dict[str, str]:

@@ -70,6 +70,7 @@ KNOWN_JUDGED_QUERIES = {
     ("msmarco-passage/trec-dl-2019/judged", "test"): 43, ("beir/scifact", "test"): 300, ("beir/fiqa", "test"): 648,
     ("beir/dbpedia-entity", "test"): 400, ("beir/trec-covid", "test"): 50, ("beir/nfcorpus", "test"): 323,
     ("disks45/nocr/trec-robust-2004", "test"): 249, ("wikiqa", "test"): 243,
+    ("beir/scifact", "train"): 809,  # an EAR grid trains on every training query
 }
 
 
@@ -161,6 +162,8 @@ def _cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, i
     """(training pairs of one trial, its validation pairs, the winner's test pairs); None where a
     size is not known here (``size: full``, a validation split of unknown size, a test set)."""
     spec = cell.spec
+    if sweep.is_ear:
+        return _ear_cell_pairs(cell, sweep)
     epochs = spec.optimization.epochs * (spec.sir.stages if spec.sir is not None else 1)
     size = spec.training_data.size if isinstance(spec.training_data.size, int) else None
     train = None if size is None else size * (2 if spec.augmentation.method != "none" else 1) * epochs
@@ -173,6 +176,28 @@ def _cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, i
     targets += [(z.collection, z.split) for z in sweep.zero_shot]
     counts = [judged_queries(c, s) for c, s in targets]
     test = None if None in counts else sum(counts) * spec.first_stage.test_depth * (1 + len(spec.robustness))
+    return train, validation, test
+
+
+def _ear_cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, int | None]:
+    """An EAR cell's pairs, at its largest searched n: every training query's n expansions per
+    epoch (at most: queries whose expansions all rank alike are skipped), every validation
+    query's per epoch, then the winner's test and its keeping (every query's expansions once)."""
+    spec = cell.spec
+    n = max(sweep.search.n.choices) if sweep.search.n is not None else spec.expansion.n
+    data = spec.data
+    train_queries = judged_queries(data.collection, data.train_split)
+    if data.validation_split is None:
+        validation_queries = data.validation_queries
+        train_queries = None if train_queries is None or validation_queries is None else train_queries - validation_queries
+    else:
+        validation_queries = data.validation_cap or judged_queries(data.collection, data.validation_split)
+    test_queries = judged_queries(data.collection, data.test_split)
+    epochs = spec.ear.epochs
+    train = None if train_queries is None else train_queries * n * epochs
+    validation = None if validation_queries is None else validation_queries * n * epochs
+    known = None not in (train_queries, validation_queries, test_queries)
+    test = (train_queries + validation_queries + 2 * test_queries) * n if known else None
     return train, validation, test
 
 

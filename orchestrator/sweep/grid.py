@@ -1,6 +1,10 @@
-"""The sweep spec: a grid of cells (model x loss x augmentation x size x seed, plus a
-baseline cell per model, size and seed), a hyper-parameter search per cell, and where the
-winners are tested.
+"""The sweep spec: a grid of cells, a hyper-parameter search per cell, and where the winners
+are tested. A grid is of one trial kind:
+
+- re-ranking (``grid: {models, losses, augmentations, sizes, seeds}``): model x loss x
+  augmentation x size x seed, plus a baseline cell per model, size and seed;
+- EAR (``base: {kind: ear, ...}``, ``grid: {models, rerankers, seeds}``): model x reranker x
+  seed, each cell an EAR trial whose search draws alpha, MAX_RANK, n and the learning rate.
 
 A cell is a fully specified trial except for the searched hyper-parameters; each trial of
 a cell is the cell's trial spec with one sample of its search space applied.
@@ -11,13 +15,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model, model_validator
 
 from orchestrator.core import schema
 from workloads.augmentation.scorers import SCORERS
 from workloads.errors import InputError
+from workloads.expansion.kind import RERANKERS, EarTrialSpec
 from workloads.losses import PARAMETERS, needs_augmentation, searchable_parameters
 from workloads.paths import stable_key
 from workloads.spec import LOSS_HYPERPARAMETERS, FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
@@ -61,6 +66,21 @@ class GridSpec(_Strict):
             raise ValueError("sir v0 (same blocks and loss, no compression) is the baseline cell: set baseline_ranking "
                              "to the level loss (sir or listwise) and leave v0 out of losses")
         return self
+
+
+class EarGridSpec(_Strict):
+    """An EAR grid: every (model, reranker, seed) is a cell, an EAR trial of ``base``."""
+
+    models: list[str] = Field(min_length=1)
+    rerankers: list[Literal[RERANKERS]] = Field(min_length=1, description="ri: M(q, e); rd: M(q, e, d)")  # type: ignore[valid-type]
+    seeds: list[int] = Field(default=[13], min_length=1)
+    max_length: int = Field(default=256, ge=16, description="input tokens of every model (RD reads the document too)")
+
+
+def _grid_kind(value: Any) -> str:
+    """Which grid a sweep's ``grid:`` is: an EAR grid lists rerankers."""
+    fields = value if isinstance(value, dict) else value.__dict__ if isinstance(value, BaseModel) else {}
+    return "ear" if "rerankers" in fields else "rerank"
 
 
 class FloatRange(_Strict):
@@ -127,8 +147,14 @@ _SearchedLossParameters = create_model(  # type: ignore[call-overload]
 
 
 class SearchSpec(_SearchedLossParameters):  # type: ignore[misc, valid-type]
+    """The search settings and every searchable hyper-parameter (each set one applies to the cells that have it)."""
+
     k: Choices | None = Field(default=None, description="k_a, the sentences an augmenter keeps")
     sir_levels: LevelChoices | None = Field(default=None, description="SIR's K per level (cells with a curriculum)")
+    alpha: FloatRange | Choices | None = Field(default=None, description="EAR: the margin per rank of difference")
+    max_rank: Choices | None = Field(default=None, description="EAR: the label of an expansion that finds nothing "
+                                                               "(each above ear.depth)")
+    n: Choices | None = Field(default=None, description="EAR: expansions per query (each a prepared set of its own)")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -161,16 +187,45 @@ class SweepSpec(_Strict):
     _source: tuple = PrivateAttr(default=())  # (file, YAML key path -> line) when loaded from a file
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    base: dict[str, Any] = Field(description="trial fields shared by every cell (see TrialSpec)")
-    grid: GridSpec
+    base: dict[str, Any] = Field(description="trial fields shared by every cell (see TrialSpec; EarTrialSpec with "
+                                             "kind: ear)")
+    grid: Annotated[Annotated[GridSpec, Tag("rerank")] | Annotated[EarGridSpec, Tag("ear")], Discriminator(_grid_kind)]
     search: SearchSpec = SearchSpec()
     zero_shot: list[ZeroShotTarget] = []
     max_failures: int = Field(default=1, ge=0, description="retries of a trial that raised")
     storage: StorageSpec = StorageSpec()
 
+    @property
+    def is_ear(self) -> bool:
+        return isinstance(self.grid, EarGridSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grid_of_the_base_kind(cls, data: Any) -> Any:
+        """The grid is of the base's kind, said before either grid's own fields are checked."""
+        if not isinstance(data, dict) or not isinstance(data.get("base"), dict) or not isinstance(data.get("grid"), dict):
+            return data
+        ear_base, ear_grid = data["base"].get("kind") == "ear", "rerankers" in data["grid"]
+        if ear_base and not ear_grid:
+            raise ValueError("an EAR sweep (base.kind: ear) has an EAR grid: models, rerankers (ri, rd) and seeds")
+        if ear_grid and not ear_base:
+            raise ValueError("grid.rerankers makes an EAR grid: set base.kind: ear (an EAR trial's fields in base)")
+        return data
+
     @model_validator(mode="after")
     def _base_leaves_axes_to_grid(self) -> SweepSpec:
-        for key in ("name", "model", "loss", "augmentation", "sir"):
+        if self.is_ear:  # the base is an EAR trial's fields (EarTrialSpec says which are unknown)
+            for key in ("name", "model", "seed"):
+                if key in self.base:
+                    raise ValueError(f"base.{key} is set by the grid; remove it from base")
+            ear = self.base.get("ear")
+            if isinstance(ear, dict) and "reranker" in ear:
+                raise ValueError("base.ear.reranker is set by the grid (rerankers); remove it from base")
+            if self.zero_shot:
+                raise ValueError("an EAR sweep tests each winner on its own test split; test a kept EAR trial zero-shot "
+                                 "with `orchestrate expand --ear FILE`")
+            return self
+        for key in ("name", "model", "loss", "augmentation", "sir", "seed"):
             if key in self.base:
                 raise ValueError(f"base.{key} is set by the grid; remove it from base")
         grid_owned = set(self.base.get("training_data") or {}) & {"size", "seed"}
@@ -185,7 +240,7 @@ class Cell:
 
     key: str
     axes: dict[str, str]
-    spec: TrialSpec | None
+    spec: TrialSpec | EarTrialSpec | None
     unavailable: str | None  # why no workload can run this cell yet, else None
     is_baseline: bool
 
@@ -194,6 +249,8 @@ class Cell:
         """The hyper-parameters searched in this cell."""
         if self.spec is None:
             return ()
+        if isinstance(self.spec, EarTrialSpec):
+            return tuple(EAR_SEARCHED)
         names = ["learning_rate", *searchable_parameters(self.spec.loss)]
         if self.spec.augmentation.method != "none":
             names.append("k")
@@ -205,7 +262,7 @@ class Cell:
     def tags(self) -> dict[str, str]:
         """MLflow tags of the cell's runs besides its axes: which data trained a supervised selector
         (``full`` leaks every training query's labels into the cell: the method asks to say so)."""
-        selector = self.spec.augmentation.selector if self.spec is not None else None
+        selector = self.spec.augmentation.selector if isinstance(self.spec, TrialSpec) else None
         return {schema.SELECTOR_DATA_TAG: selector.data} if selector is not None else {}
 
 
@@ -288,7 +345,7 @@ def entry_labels(sweep: SweepSpec, axis: str) -> list[str]:
 
 def check_axis_values(sweep: SweepSpec) -> None:
     """models, sizes and seeds list each value once (a repeated value would be one cell twice)."""
-    for axis in ("models", "sizes", "seeds"):
+    for axis in ("models", "rerankers", "seeds") if sweep.is_ear else ("models", "sizes", "seeds"):
         values = getattr(sweep.grid, axis)
         for i, value in enumerate(values):
             if value in values[:i]:
@@ -303,6 +360,8 @@ def _cell_axes(model: str, loss_label: str, augmentation_label: str, size, seed:
 def expand_grid(sweep: SweepSpec) -> list[Cell]:
     """Every cell of the grid, baselines first for each (model, size, seed)."""
     check_axis_values(sweep)
+    if sweep.is_ear:
+        return _expand_ear_grid(sweep)
     loss_labels, augmentation_labels = entry_labels(sweep, "losses"), entry_labels(sweep, "augmentations")
     cells: list[Cell] = []
     seen: set[str] = set()
@@ -348,9 +407,39 @@ def _make_cell(sweep: SweepSpec, axes: dict[str, str], loss: LossCell, augmentat
     return Cell(key, axes, TrialSpec.model_validate(trial), None, is_baseline)
 
 
-def apply_params(spec: TrialSpec, params: dict) -> TrialSpec:
+# An EAR cell's searched hyper-parameters: where each sits in its trial spec.
+EAR_SEARCHED = {"learning_rate": ("ear", "learning_rate"), "alpha": ("ear", "alpha"), "max_rank": ("ear", "max_rank"),
+                "n": ("expansion", "n")}
+
+
+def _expand_ear_grid(sweep: SweepSpec) -> list[Cell]:
+    """Every (model, reranker, seed) of an EAR grid, its axes named as a re-ranking grid's
+    (:func:`orchestrator.core.schema.axes`: ``loss`` is ``ear-ri`` or ``ear-rd``)."""
+    grid, cells = sweep.grid, []
+    for model in grid.models:
+        for reranker in grid.rerankers:
+            for seed in grid.seeds:
+                ear = sweep.base.get("ear")  # not a mapping: EarTrialSpec says so, naming base.ear
+                trial = {**sweep.base, "name": sweep.name, "seed": seed, "model": {"name": model, "max_length": grid.max_length},
+                         "ear": {**ear, "reranker": reranker} if isinstance(ear, dict) else
+                                {"reranker": reranker} if ear is None else ear}
+                spec = EarTrialSpec.model_validate(trial)
+                axes = {axis: value for axis, value in schema.axes(spec).items() if axis in schema.GRID_AXES}
+                key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
+                cells.append(Cell(key, axes, spec.model_copy(update={"name": f"{sweep.name}.{key}"}), None, False))
+    return cells
+
+
+def apply_params(spec: TrialSpec | EarTrialSpec, params: dict) -> TrialSpec | EarTrialSpec:
     """The cell's spec with one sample of its search space applied."""
     data = spec.model_dump(mode="json")
+    if isinstance(spec, EarTrialSpec):
+        for name, value in params.items():
+            if name not in EAR_SEARCHED:
+                raise ValueError(f"unknown searched parameter '{name}' of an EAR cell")
+            section, field = EAR_SEARCHED[name]
+            data[section][field] = value
+        return EarTrialSpec.model_validate(data)
     for name, value in params.items():
         if name == "learning_rate":
             data["optimization"]["learning_rate"] = value
@@ -396,6 +485,13 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
     for name in SearchSpec.model_fields:
         space = getattr(sweep.search, name)
         cell = next((c for c in runnable if name in c.searched), None)
+        if space is not None and name in _SEARCH_SPACES and name != "learning_rate" and (name in EAR_SEARCHED) != sweep.is_ear:
+            # a space of the other kind's cells would silently search nothing (a re-ranking space
+            # may name a loss's parameter that only some grids have: that one applies when present)
+            shown = SearchSpec.model_fields[name].alias or name
+            return ("search", shown), (f"search.{shown}: {'only EAR' if name in EAR_SEARCHED else 'only re-ranking'} "
+                                       f"cells search it, and this grid's cells are {'EAR' if sweep.is_ear else 're-ranking'}"
+                                       " trials: remove it")
         if cell is None or not isinstance(space, (FloatRange, Choices)):
             continue
         shown = SearchSpec.model_fields[name].alias or name
@@ -415,6 +511,10 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
                     f"search.trials_per_cell {sweep.search.trials_per_cell}: cell {'/'.join(cell.axes.values())} can draw "
                     f"only {distinct} distinct parameter set(s) ({searched} searched): its trials would repeat one another")
     return None
+
+
+# the SearchSpec fields that are searched spaces (the rest are the search's settings)
+_SEARCH_SPACES = frozenset(set(SearchSpec.model_fields) - set(_SearchSettings.model_fields) | {"learning_rate"})
 
 
 def load_sweep(path: Path) -> SweepSpec:
@@ -483,7 +583,7 @@ def check_targets(sweep: SweepSpec, cells: list[Cell], query_ids: bool = True) -
     from orchestrator.core.lifecycle import target_overlap, targets
 
     cell = next((c for c in cells if c.spec is not None), None)
-    if cell is None:
+    if cell is None or isinstance(cell.spec, EarTrialSpec):  # EAR carves validation from train; no zero-shot
         return
     zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
     evaluation_targets = targets(cell.spec, zero_shot)

@@ -61,7 +61,6 @@ from orchestrator.sweep.search import (
 from workloads.errors import InputError
 from workloads.logs import configure as configure_logging
 from workloads.logs import get_logger
-from workloads.spec import TrialSpec
 
 log = get_logger("sweep")
 
@@ -195,18 +194,23 @@ def preflight(sweep: SweepSpec) -> list[str]:
     """What would stop the sweep before it computes anything, found without preparing (see
     :func:`~orchestrator.core.lifecycle.preflight_trial`): every distinct model, collection,
     GloVe and run file of its cells and zero-shot targets. One line each."""
-    from orchestrator.core.lifecycle import preflight_trial
+    from orchestrator.core.lifecycle import ear_preflight, preflight_trial
 
     problems: dict[str, None] = {}
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     seen: set[tuple] = set()
     for cell in cells:
         spec = cell.spec
-        what = (spec.model.name, spec.augmentation.glove_path, spec.augmentation.selector)
+        if sweep.is_ear:
+            what = (spec.model.name,)
+            checks = ear_preflight
+        else:
+            what = (spec.model.name, spec.augmentation.glove_path, spec.augmentation.selector)
+            checks = preflight_trial
         if what not in seen:
             seen.add(what)
-            problems.update(dict.fromkeys(preflight_trial(spec)))
-    for target in (targets(cells[0].spec, _zero_shot(sweep)) if cells else []):
+            problems.update(dict.fromkeys(checks(spec)))
+    for target in (targets(cells[0].spec, _zero_shot(sweep)) if cells and not sweep.is_ear else []):
         data = target.spec.data
         if data.test_collection:
             problems.update(dict.fromkeys(p for p in preflight_trial(target.spec) if p not in problems))
@@ -223,18 +227,20 @@ def _sweep_trial(config: dict) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from orchestrator.core.execution import epoch_results, make_trainer
-    from workloads.trial import choose_epoch, prepare_trial
+    from workloads.kinds import TRIAL_KINDS
+    from workloads.trial import choose_epoch
 
     configure_logging()  # the driver's level, from the environment
-    spec = TrialSpec.model_validate(config["spec"])
+    kind = TRIAL_KINDS[config["kind"]]
+    spec = kind.spec.model_validate(config["spec"])
     if config["cell"] in os.environ.get(FAIL_CELLS_ENV, "").split(","):  # test hook, see FAIL_CELLS_ENV
         with open(Path(config["storage"]) / "failed_attempts.log", "a") as attempts:
             attempts.write(config["train_run"] + "\n")
         raise RuntimeError(f"{FAIL_CELLS_ENV}: this trial raises on purpose")
-    prepared = prepare_trial(spec)  # cached by content: the driver prepared every k_a
+    prepared = kind.prepare(spec)  # cached by content: the driver prepared every k_a (every n of EAR)
     pruned = stop_file(config["storage"], config["train_run"])
-    trainer = make_trainer(spec, prepared.training, Path(config["storage"]), config["train_run"], [TuneReportCallback()],
-                           stop_file=pruned)
+    trainer = make_trainer(spec, kind.worker_inputs(prepared), Path(config["storage"]), config["train_run"],
+                           [TuneReportCallback()], stop_file=pruned)
     started = time.perf_counter()
     try:
         result = trainer.fit()
@@ -352,11 +358,14 @@ def _distinct_shapes(cells: list[Cell]) -> list[Cell]:
     return list(shapes.values())
 
 
-def _data_variants(cell: Cell, sweep: SweepSpec) -> list[TrialSpec]:
-    """The cell's spec once per searched k_a: each k_a is an augmentation set of its own,
-    which the trials would otherwise build themselves, concurrently and more than once."""
-    if "k" in cell.searched and sweep.search.k is not None:
-        return [apply_params(cell.spec, {"k": k}) for k in sweep.search.k.choices]
+def _data_variants(cell: Cell, sweep: SweepSpec) -> list:
+    """The cell's spec once per searched k_a (re-ranking) or n (EAR): each is a prepared set of
+    its own (augmentations; expansions and their BM25 runs), which the trials would otherwise
+    build themselves, concurrently and more than once."""
+    for name in ("k", "n"):
+        space = getattr(sweep.search, name)
+        if name in cell.searched and space is not None:
+            return [apply_params(cell.spec, {name: value}) for value in space.choices]
     return [cell.spec]
 
 
@@ -487,11 +496,12 @@ def _prepare_cells(sweep: SweepSpec, cells: list[Cell], prepared: dict) -> None:
     """The cells' data (indexes, runs, training sets, augmentations), prepared once before the
     trials race for it (the units ``orchestrate prepare`` builds); ``prepared`` keeps each cell's."""
     from orchestrator.core.preparation import prepare_units
-    from workloads.trial import prepare_trial
+    from workloads.kinds import kind_of
 
     prepare_units(preparation_units(sweep, cells))
     for cell in (c for c in cells if c.spec is not None):
-        prepared[cell.key] = prepare_trial(_data_variants(cell, sweep)[-1])  # cached: read back, nothing computed
+        variant = _data_variants(cell, sweep)[-1]
+        prepared[cell.key] = kind_of(variant).prepare(variant)  # cached: read back, nothing computed
 
 
 def _train_requirements(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
@@ -581,11 +591,13 @@ def experiment_description(sweep: SweepSpec, cells: list[Cell]) -> str:
     grid = sweep.grid
     searched = sorted({name.rstrip("_") for cell in cells for name in cell.searched})
     source = sweep_file(sweep)
+    shape = (f"EAR trials: {len(grid.models)} model(s) x {len(grid.rerankers)} reranker(s) ({', '.join(grid.rerankers)}; "
+             f"the `loss` axis: ear-ri, ear-rd) x {len(grid.seeds)} seed(s), each winner kept." if sweep.is_ear else
+             f"{len(grid.models)} model(s) x {len(grid.losses)} loss(es) x {len(grid.augmentations)} augmentation(s) x "
+             f"{len(grid.sizes)} size(s) x {len(grid.seeds)} seed(s), plus a baseline per model, size and seed.")
     return "\n".join([
         f"**Sweep `{sweep.name}`**{f' ({source})' if source else ''}: {len(cells)} cells, "
-        f"{sweep.search.trials_per_cell} Optuna trials each: {len(grid.models)} model(s) x {len(grid.losses)} loss(es) x "
-        f"{len(grid.augmentations)} augmentation(s) x {len(grid.sizes)} size(s) x {len(grid.seeds)} seed(s), "
-        "plus a baseline per model, size and seed.",
+        f"{sweep.search.trials_per_cell} Optuna trials each: {shape}",
         "",
         f"- Runs: one per cell (`{schema.KIND_TAG}` = `cell`, its winner tested), its trials nested under it.",
         f"- Params on cells and trials alike: {', '.join(schema.GRID_AXES)}; searched: {', '.join(searched) or 'none'} "
@@ -790,7 +802,8 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         init_ray(ray_address)
         try:
             jobs = submit_evaluations(spec, evaluation_targets, child.data.tags[schema.CHECKPOINT_TAG],
-                                      child.data.metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
+                                      child.data.metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"),
+                                      chosen_metrics(child.data.metrics))
         except Exception as exc:
             tracker.fail(run_id, "evaluation", exc)
             raise
@@ -799,8 +812,10 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[5]) for p in pending))
     for cell, run_id, winner, complete, child, jobs, test_data in pending:
         try:
-            for job in jobs:
-                log_target(tracker, run_id, job.result(), run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
+            results = [job.result() for job in jobs]
+            for result in results:
+                log_target(tracker, run_id, result, run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
+            _keep_winner(tracker, run_id, apply_params(cell.spec, winner.params), child, results[0].reranking)
         except Exception as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
             tracker.fail(run_id, "evaluation", exc)
             raise
@@ -820,6 +835,52 @@ def _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ra
         log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),
                  winner.number, winner.value, test)
     keep_winners(sweep, tracker, cells, cell_runs, paths.ray_storage, paths.optuna_url)
+
+
+def chosen_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A trial run's chosen epoch as the epoch's own metrics (``best_val_*`` -> ``val_*``)."""
+    chosen = {k.removeprefix(schema.BEST_PREFIX): v for k, v in metrics.items()
+              if k.startswith(f"{schema.BEST_PREFIX}{schema.VALIDATION_PREFIX}")}
+    return {"epoch": metrics[schema.BEST_EPOCH], **chosen} if schema.BEST_EPOCH in metrics else chosen
+
+
+def _keep_winner(tracker: Tracker, run_id: str, spec, child, tested) -> None:
+    """A cell winner of a kind that keeps its result (an EAR trial: its reranker and the run of
+    its chosen expansions) is kept as the trial of its parameters would be: ``orchestrate run``
+    of that trial reuses it, a re-ranking trial with ``first_stage: {method: ear, run: FILE}``
+    re-ranks its run. The cell run holds that trial file (``ear_trial.yaml``) and the test
+    comparison (``ear_comparison.json``: BM25, RM3, first, concatenated, EAR, oracle)."""
+    import ray
+    import yaml
+
+    from orchestrator.core.execution import submit_task
+    from workloads.kinds import kind_of, result_summary
+
+    kind = kind_of(spec)
+    if not kind.result_file:  # re-ranking cells keep their checkpoints only (storage.keep)
+        return
+    kept = kind.finished(spec)
+    if kept is None:
+        log.info("keeping %s's winner (%s)", spec.name, kind.name)
+        summary = {**result_summary(chosen_metrics(child.data.metrics), tested),
+                   **{k: v for k, v in child.data.metrics.items() if k.startswith("time_")}}
+        kept = ray.get(submit_task(spec, kind.keep, spec, Path(child.data.tags[schema.CHECKPOINT_TAG]), summary))
+    else:  # the same identity trained before (another run or sweep): its result is what later trials read
+        earlier = json.loads((kept / kind.result_file).read_text()).get("test_ndcg_at_10")
+        now = tested.evaluation.aggregate["ndcg_at_10"]
+        if earlier is None or abs(earlier - now) > 1e-6:
+            log.warning("%s: its winner's identity was kept before (%s, test nDCG@10 %s); this winner tests at %.4f: "
+                        "trials that read the kept result read that one", spec.name, kept, earlier, now)
+        else:
+            log.info("%s: its winner's identity was kept before (%s): reused", spec.name, kept)
+    tracker.set_tags(run_id, {schema.KEPT_TAG: str(kept)})
+    if kind.name == "ear":
+        from workloads.expansion.comparison import ear_comparison
+
+        tracker.log_text(run_id, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), "ear_trial.yaml")
+        tracker.log_json(run_id, "", "ear_comparison.json", {
+            row.name: {"metrics": row.evaluation.aggregate, "p_value_vs_bm25": row.p_vs_bm25, "p_value_vs_rm3": row.p_vs_rm3}
+            for row in ear_comparison(spec)})
 
 
 def log_default_report(sweep: SweepSpec, tracker: Tracker) -> None:

@@ -19,6 +19,7 @@ from ray.tune.search import Searcher
 
 from orchestrator.core.schema import OBJECTIVE
 from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params
+from workloads.kinds import kind_of
 from workloads.seeds import derived_seed
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
@@ -150,7 +151,7 @@ class CellStudiesSearcher(Searcher):
         self.best_seen: dict[str, float] = {}       # tune trial id -> best objective so far
         self.pruning: set[str] = set()              # tune trial ids asked to stop
         self.pruned: dict[str, int] = {}            # tune trial id -> the last epoch it trained (it stopped)
-        self.epochs = {c.key: c.spec.optimization.epochs * (c.spec.sir.stages if c.spec.sir else 1) for c in self.cells}
+        self.epochs = {c.key: kind_of(c.spec).epochs(c.spec) for c in self.cells}
         self.extra_config: dict = {}                # run-time fields every trial gets (storage path)
         self._next = 0
 
@@ -170,8 +171,9 @@ class CellStudiesSearcher(Searcher):
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
             spec = apply_params(cell.spec, params)
-            return {"cell": cell.key, "axes": cell.axes, "tags": cell.tags, "optuna_trial": trial.number, "train_run": train_run,
-                    "params": params, "spec": spec.model_dump(mode="json"), **self.extra_config}
+            return {"cell": cell.key, "kind": kind_of(spec).name, "axes": cell.axes, "tags": cell.tags,
+                    "optuna_trial": trial.number, "train_run": train_run, "params": params,
+                    "spec": spec.model_dump(mode="json"), **self.extra_config}
         return Searcher.FINISHED if not self.live else None
 
     DRAWS = 20  # samples tried before a finite space hands out an untried set itself

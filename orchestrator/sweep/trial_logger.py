@@ -13,7 +13,7 @@ from orchestrator.core.tracking import Tracker, mark_pruned
 from orchestrator.sweep.grid import SweepSpec
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.retention import keep_chosen_and_last
-from workloads.spec import TrialSpec
+from workloads.kinds import TRIAL_KINDS
 
 
 class MlflowTrialLogger(Callback):
@@ -29,7 +29,7 @@ class MlflowTrialLogger(Callback):
     def _run_id(self, trial) -> str:
         if trial.trial_id not in self.runs:
             config = trial.config
-            spec = TrialSpec.model_validate(config["spec"])
+            spec = TRIAL_KINDS[config.get("kind", "rerank")].spec.model_validate(config["spec"])
             key = f"{config['cell']}/{config['train_run']}"
             # a cell and its trials carry the same axis tags (the cell's: a searched SIR schedule
             # is a param, not a new loss label)

@@ -90,3 +90,73 @@ def test_ear_files_bad_input_is_one_line(ear_world, tmp_path, monkeypatch):  # n
               "first_stage": {"method": "ear", "run": "missing.yaml"}}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(rerank))
     assert_one_clear_line(orchestrate(tmp_path, "run", "r.yaml"), "missing.yaml", "no such EAR trial file")
+
+
+@pytest.mark.slow
+def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_without_new_runs(ear_world, tmp_path):  # noqa: F811
+    """An EAR grid as a sweep: Optuna draws alpha, n and the learning rate per trial; the winner
+    is tested by BM25 with the expansions it chooses, kept (its trial file is an artifact and is
+    found trained), and a rerun starts nothing."""
+    from workloads.evaluation import evaluate
+    from workloads.expansion.kind import RUN_FILE, load_ear_trial, trained_ear
+    from workloads.retrieval.bm25 import read_trec_run
+
+    root, _, config = ear_world
+    base = {k: v for k, v in config.items() if k not in ("name", "model")}
+    base["ear"] = {k: v for k, v in config["ear"].items() if k != "reranker"} | {"epochs": 2}
+    base["resources"] = {"cpus_per_worker": 1}
+    sweep = {"name": "ear-grid", "base": base,
+             "grid": {"models": [config["model"]["name"]], "rerankers": ["ri"], "max_length": 32},
+             "search": {"trials_per_cell": 2, "alpha": {"choices": [0.05, 0.2]}, "n": {"choices": [3, 4]},
+                        "learning_rate": {"choices": [1e-3]}}}
+    (tmp_path / "ear-grid.yaml").write_text(yaml.safe_dump(sweep))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = ("--tracking-uri", uri, "--storage", str(tmp_path / "sweeps"))
+
+    proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", "--dry-run", "--json", *store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    assert (plan["runnable_cells"], plan["trials_to_run"], plan["mlflow_runs_runnable"]) == (1, 2, 4)
+    assert plan["cells_detail"][0]["loss"] == "ear-ri" and plan["cells_detail"][0]["searched"] == [
+        "learning_rate", "alpha", "max_rank", "n"]
+
+    proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", *store)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, runs = mlflow_runs(uri, "ear-grid")
+    trials, cells = by_kind(runs, "trial"), by_kind(runs, "cell")
+    assert sorted(r.info.status for r in trials) == ["FINISHED", "FINISHED"] and len(cells) == 1 and len(runs) == 4
+    drawn = {(r.data.params["ear.alpha"], r.data.params["expansion.n"]) for r in trials}
+    assert len(drawn) == 2  # two distinct parameter sets, each an EAR trial of its own
+    cell = cells[0]
+    assert cell.info.status == "FINISHED" and cell.data.tags["loss"] == "ear-ri"
+    winner = next(r for r in trials if r.info.run_id == cell.data.tags["rerank_lab.winner"])
+    assert winner.data.metrics["best_val_ndcg_at_10"] == max(r.data.metrics["best_val_ndcg_at_10"] for r in trials)
+
+    # the winner is kept as the EAR trial of its parameters: its file (an artifact) finds it trained
+    trial_file = tmp_path / "winner.yaml"
+    trial_file.write_text(client.download_artifacts(cell.info.run_id, "ear_trial.yaml", str(tmp_path)) and
+                          (tmp_path / "ear_trial.yaml").read_text())
+    winner_spec = load_ear_trial(str(trial_file))
+    assert (winner_spec.ear.alpha, winner_spec.expansion.n) == (float(winner.data.params["ear.alpha"]),
+                                                                 int(winner.data.params["expansion.n"]))
+    kept = trained_ear(winner_spec)
+    assert kept is not None and cell.data.tags["rerank_lab.kept"] == str(kept)
+    # the cell's test is BM25 with the expansions the winner chooses: the kept run on the test queries
+    test_qrels = {f"q{i}": {f"d{i}": 1} for i in range(40, 60)}
+    run = read_trec_run(kept / RUN_FILE)
+    assert cell.data.metrics["test_ndcg_at_10"] == pytest.approx(
+        evaluate({q: run[q] for q in test_qrels}, test_qrels, 1).aggregate["ndcg_at_10"])
+    assert "bm25_test_ndcg_at_10" in cell.data.metrics  # the first stage beside it
+
+    proc = orchestrate(tmp_path, "status", "ear-grid.yaml", *store, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads(proc.stdout)
+    assert (status["cells_done"], status["trials_finished"], status["trials_to_run"]) == (1, 2, 0)
+    proc = orchestrate(tmp_path, "report", "ear-grid.yaml", *store, "--cols", "loss", "--out", str(tmp_path / "report"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ear-ri / file" in proc.stdout and f"{cell.data.metrics['test_ndcg_at_10']:.4f}" in proc.stdout
+
+    proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", *store)  # done: resumed, nothing new
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, again = mlflow_runs(uri, "ear-grid")
+    assert len(again) == 4 and {r.info.run_id for r in again} == {r.info.run_id for r in runs}

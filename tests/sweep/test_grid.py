@@ -127,3 +127,79 @@ def test_a_loss_and_augmentation_equal_to_the_baseline_make_one_cell_not_two():
     cells = expand_grid(sweep)
     assert len({c.key for c in cells}) == len(cells) == 4  # baseline, pointwise+bm25, scl+none, scl+bm25
     assert sum(c.is_baseline for c in cells) == 1
+
+
+# ----------------------------------------------------------------------------- EAR grids
+
+
+def _ear_sweep(search=None, **changes) -> dict:
+    config = {"name": "e", "base": {"kind": "ear", "data": {"collection": "beir/scifact", "validation_queries": 50}},
+              "grid": {"models": ["m"], "rerankers": ["ri", "rd"], "seeds": [1, 2]},
+              "search": search or {"trials_per_cell": 1}}
+    for key, value in changes.items():
+        config[key] = value
+    return config
+
+
+def test_an_ear_grid_is_a_cell_per_model_reranker_and_seed_each_an_ear_trial():
+    from orchestrator.sweep.grid import apply_params
+    from workloads.expansion.kind import EarTrialSpec
+
+    sweep = SweepSpec.model_validate(_ear_sweep({"trials_per_cell": 2, "alpha": {"low": 0.01, "high": 0.2},
+                                                 "n": {"choices": [10, 20]}}))
+    cells = expand_grid(sweep)
+    assert [(c.axes["loss"], c.axes["seed"]) for c in cells] == [("ear-ri", "1"), ("ear-ri", "2"), ("ear-rd", "1"), ("ear-rd", "2")]
+    assert all(isinstance(c.spec, EarTrialSpec) and c.spec.seed == int(c.axes["seed"]) for c in cells)
+    assert [c.spec.ear.reranker for c in cells] == ["ri", "ri", "rd", "rd"] and len({c.key for c in cells}) == 4
+    assert cells[0].axes == {k: v for k, v in schema.axes(cells[0].spec).items() if k != "collection"}
+    drawn = apply_params(cells[2].spec, {"alpha": 0.1, "max_rank": 150, "n": 10, "learning_rate": 1e-5})
+    assert (drawn.ear.alpha, drawn.ear.max_rank, drawn.expansion.n, drawn.ear.learning_rate) == (0.1, 150, 10, 1e-5)
+    assert drawn.ear.reranker == "rd" and drawn.name == cells[2].spec.name
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"search": {"trials_per_cell": 1, "tau": {"low": 0.1, "high": 0.5}}},
+     r"search.tau: only re-ranking cells search it, and this grid's cells are EAR trials"),
+    ({"search": {"trials_per_cell": 1, "max_rank": {"choices": [101, 90]}}},
+     r"search.max_rank: 90 is not a value max_rank can take \(max_rank \(90\) labels expansions"),
+    ({"zero_shot": [{"collection": "beir/nfcorpus"}]}, r"orchestrate expand --ear"),
+    ({"base": {"kind": "ear", "data": {"collection": "beir/scifact"}, "ear": {"reranker": "rd"}}},
+     r"base.ear.reranker is set by the grid"),
+    ({"base": {"data": {"collection": "beir/scifact"}}}, r"grid.rerankers makes an EAR grid: set base.kind: ear"),
+    ({"grid": {"models": ["m"], "losses": [{"ranking": "pairwise"}], "augmentations": [{"method": "none"}],
+               "sizes": [10]}}, r"an EAR sweep \(base.kind: ear\) has an EAR grid"),
+    ({"grid": {"models": ["m"], "seeds": [1]}}, r"an EAR sweep \(base.kind: ear\) has an EAR grid"),
+    ({"base": {"kind": "ear", "data": {"collection": "beir/scifact"}, "ear": "rd"}}, r"base.ear: .*dictionary"),
+    ({"base": {"kind": "ear", "data": {"collection": "beir/scifact"}, "loss": {"ranking": "pairwise"}}},
+     r"base.loss: unknown key"),
+])
+def test_ear_grid_mistakes_are_one_line_naming_the_file(tmp_path, change, message):
+    path = _write(tmp_path, _ear_sweep(**change))
+    with pytest.raises(InputError, match=message) as info:
+        load_sweep(path)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_an_ear_search_space_in_a_reranking_grid_is_refused(tmp_path):
+    path = _write(tmp_path, _sweep([{"method": "none"}], losses=[{"ranking": "pairwise"}],
+                                   search={"trials_per_cell": 1, "alpha": {"choices": [0.1]}}))
+    with pytest.raises(InputError, match=r"search.alpha: only EAR cells search it, and this grid's cells are re-ranking"):
+        load_sweep(path)
+
+
+def test_the_shipped_ear_grid_loads():
+    cells = expand_grid(load_sweep(REPO / "search_spaces" / "ear-scifact.yaml"))
+    assert [c.spec.ear.reranker for c in cells] == ["ri", "rd"]
+    assert all(set(c.searched) == {"learning_rate", "alpha", "max_rank", "n"} for c in cells)
+
+
+def test_a_grid_error_names_the_key_and_line_as_the_file_writes_them(tmp_path):
+    """The grid is a union of two kinds; its tag is no key of the file."""
+    path = _write(tmp_path, _sweep([{"method": "none"}], losses=[{"ranking": "no-such-loss"}]))
+    with pytest.raises(InputError, match=r"grid.losses.0.ranking") as info:
+        load_sweep(path)
+    assert str(info.value).startswith(f"{path}:{_line(path, 'ranking: no-such-loss')}:")
+    path = _write(tmp_path, _ear_sweep(grid={"models": ["m"], "rerankers": ["xx"]}))
+    with pytest.raises(InputError, match=r"grid.rerankers.0") as info:
+        load_sweep(path)
+    assert str(info.value).startswith(f"{path}:{_line(path, '- xx')}:")

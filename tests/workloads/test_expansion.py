@@ -294,6 +294,10 @@ def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_wor
     train_ear(spec, prepared.inputs, lambda metrics, checkpoint: resumed.append(metrics["epoch"]),
               resume_from=records[1].checkpoint)
     assert resumed == [3, 4]
+    asked: list = []  # a sweep's pruner asks after every step: the epoch it stops in is never reported
+    train_ear(spec, prepared.inputs, lambda metrics, checkpoint: resumed.append(metrics["epoch"]),
+              resume_from=records[1].checkpoint, stop_requested=lambda: asked.append(1) or len(asked) == 2)
+    assert resumed == [3, 4] and len(asked) == 2
 
     rerank = TrialSpec.model_validate({
         "name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},

@@ -251,6 +251,8 @@ def test_every_trial_kind_names_its_whole_lifecycle(name):
     inspect.signature(kind.train).bind(example, "inputs", lambda metrics, checkpoint: None, device=torch.device("cpu"),
                                        resume_from=None)
     inspect.signature(kind.keep).bind(example, "checkpoint", {}, device=torch.device("cpu"))
+    assert kind.epochs(example) >= 1  # a sweep's pruner counts a trial's epochs against it
+    assert kind.state_file.endswith(".pt")  # left out of every model logged to MLflow
     for required in kind.requires(example):
         required_kind = kind_of(required)
         assert required_kind.key is not None, f"{required_kind.name} is required but has no identity to share"

@@ -22,6 +22,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,7 +45,15 @@ from workloads.paths import atomic_path, cache_dir, stable_key
 from workloads.reranking import Reranking
 from workloads.retrieval.bm25 import BM25Params, retrieved_run, write_trec_run
 from workloads.text.sentences import SPLITTER_VERSION
-from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
+from workloads.training.loop import (
+    PROGRESS_FILE,
+    EarlyStopping,
+    Reporter,
+    agreed,
+    rank_and_world,
+    run_epochs,
+    seed_everything,
+)
 from workloads.training.step import adamw, checked_step, optimization_state, resumed_state
 from workloads.trial import _test_queries, _training_queries, require_disjoint
 
@@ -286,9 +295,11 @@ def training_groups(rows_path: str, max_rank: int) -> list[tuple[list[int], torc
 
 
 def train_ear(spec: EarTrialSpec, inputs: EarInputs, report: Reporter, device: torch.device | None = None,
-              resume_from: Path | None = None) -> None:
-    """Train the query reranker and report every epoch (the one epoch loop of every kind)."""
-    hooks = EarEpochs(spec, inputs, device or torch.device("cpu"), resume_from)
+              resume_from: Path | None = None, stop_requested: Callable[[], bool] | None = None) -> None:
+    """Train the query reranker and report every epoch (the one epoch loop of every kind).
+    ``stop_requested`` (asked by rank 0 after every step, agreed by all workers) ends training
+    early: a sweep's pruner stopping the trial."""
+    hooks = EarEpochs(spec, inputs, device or torch.device("cpu"), resume_from, stop_requested)
     if hooks.stopping.exhausted:
         return
     run_epochs(hooks, range(hooks.first_epoch, spec.ear.epochs + 1), spec.ear.epochs, hooks.stopping, report,
@@ -301,9 +312,10 @@ class EarEpochs:
     label = "ear"
     state_file = STATE_FILE
 
-    def __init__(self, spec: EarTrialSpec, inputs: EarInputs, device: torch.device, resume_from: Path | None):
+    def __init__(self, spec: EarTrialSpec, inputs: EarInputs, device: torch.device, resume_from: Path | None,
+                 stop_requested: Callable[[], bool] | None = None):
         self.rank, self.world = rank_and_world()
-        self.spec, self.inputs, self.device = spec, inputs, device
+        self.spec, self.inputs, self.device, self.stop_requested = spec, inputs, device, stop_requested
         ear = spec.ear
         seed_everything(spec.seed)
         source = str(resume_from) if resume_from is not None else spec.model.name
@@ -336,7 +348,7 @@ class EarEpochs:
         if self.rank == 0:
             get_logger("ear").info(message)
 
-    def train_epoch(self, epoch: int) -> dict[str, float]:
+    def train_epoch(self, epoch: int) -> dict[str, float] | None:
         self.wrapped.train()
         order = list(range(len(self.groups)))
         random.Random(self.spec.seed * 1_000 + epoch).shuffle(order)
@@ -355,6 +367,9 @@ class EarEpochs:
                       "model.max_length")
             total += float(checked_step(advice, self.wrapped, self.objective, self.optimizer, self.scheduler, self.scaler,
                                         [(pairs.inputs, ranks)], 1.0))
+            if self.stop_requested is not None and agreed(self.rank == 0 and self.stop_requested(), self.world):
+                self.say(f"stopping in epoch {epoch}, step {step}: requested (pruned)")
+                return None
             if step % max(1, len(mine) // 5) == 0 or step == len(mine):
                 self.say(f"epoch {epoch} {progress_bar(step, len(mine))} step {step}/{len(mine)} loss {total / step:.4f}")
         return {"epoch": epoch, "train_loss": total / len(mine), "epoch_train_seconds": time.perf_counter() - started}
