@@ -86,9 +86,15 @@ def mark_best(entries: list[Entry], digits: int) -> list[Entry]:
     return [replace(e, emphasis=marks.get(round(e.value, digits), "")) if e.value is not None else e for e in entries]
 
 
-def _legend(options: TableOptions, num_tested: int, num_queries: int | None, collection: str) -> list[str]:
+def _legend(options: TableOptions, num_tested: int, num_queries: int | None, collection: str,
+            has_baseline: bool = True) -> list[str]:
     corrected = "" if options.correction == "none" else f", {options.correction.capitalize()}-corrected over {num_tested} comparisons"
     queries = f" on {num_queries} queries" if num_queries else ""
+    if not has_baseline:  # an EAR grid: its cells are not compared with a trained baseline
+        return [f"{DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}{queries}; the grid has no baseline "
+                "cell, so no change or significance is shown.",
+                "Best per row in bold, second underlined. failed / stale / interrupted / pending / running / missing / "
+                "n/a: no number (never 0)."]
     return [
         f"{DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}; in parentheses the change against the baseline "
         "(same model and size, no augmentation, plain ranking loss) in percent.",
@@ -131,8 +137,10 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
         body.append((list(key), reference + mark_best(row, options.digits)))
     num_queries = next((len(s.per_query) for s in all_systems if s.per_query), None)
     num_tested = sum(1 for e in entries.values() if e.p_value is not None)
-    legend = _legend(options, num_tested, num_queries, collection)
-    legend.append(f"{FIRST_STAGE_COLUMN}: the ranking every system re-ranks, for reference (not compared, not marked).")
+    has_baseline = any(s.is_baseline for s in all_systems)
+    legend = _legend(options, num_tested, num_queries, collection, has_baseline)
+    legend.append(f"{FIRST_STAGE_COLUMN}: " + ("the ranking every system re-ranks" if has_baseline else "BM25 alone") +
+                  ", for reference (not compared, not marked).")
     return Table(f"{results.sweep.name}: {DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}",
                  list(rows), [FIRST_STAGE_COLUMN, *columns], body, legend)
 

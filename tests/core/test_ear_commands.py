@@ -155,6 +155,7 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
     proc = orchestrate(tmp_path, "report", "ear-grid.yaml", *store, "--cols", "loss", "--out", str(tmp_path / "report"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ear-ri / file" in proc.stdout and f"{cell.data.metrics['test_ndcg_at_10']:.4f}" in proc.stdout
+    assert "no baseline cell" in proc.stdout and "against the baseline" not in proc.stdout  # nothing to compare with
 
     proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", *store)  # done: resumed, nothing new
     assert proc.returncode == 0, proc.stderr[-3000:]
