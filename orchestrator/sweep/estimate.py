@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid, sweep_file
 from workloads.errors import InputError
+from workloads.kinds import kind_of
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def _cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, i
     spec = cell.spec
     if sweep.is_ear:
         return _ear_cell_pairs(cell, sweep)
-    epochs = spec.optimization.epochs * (spec.sir.stages if spec.sir is not None else 1)
+    epochs = kind_of(spec).epochs(spec)
     size = spec.training_data.size if isinstance(spec.training_data.size, int) else None
     train = None if size is None else size * (2 if spec.augmentation.method != "none" else 1) * epochs
     if spec.data.validation_split is None:

@@ -79,8 +79,7 @@ class EarGridSpec(_Strict):
 
 def _grid_kind(value: Any) -> str:
     """Which grid a sweep's ``grid:`` is: an EAR grid lists rerankers."""
-    fields = value if isinstance(value, dict) else value.__dict__ if isinstance(value, BaseModel) else {}
-    return "ear" if "rerankers" in fields else "rerank"
+    return "ear" if isinstance(value, EarGridSpec) or (isinstance(value, dict) and "rerankers" in value) else "rerank"
 
 
 class FloatRange(_Strict):
@@ -344,7 +343,7 @@ def entry_labels(sweep: SweepSpec, axis: str) -> list[str]:
 
 
 def check_axis_values(sweep: SweepSpec) -> None:
-    """models, sizes and seeds list each value once (a repeated value would be one cell twice)."""
+    """models, sizes (rerankers) and seeds list each value once (a repeated value would be one cell twice)."""
     for axis in ("models", "rerankers", "seeds") if sweep.is_ear else ("models", "sizes", "seeds"):
         values = getattr(sweep.grid, axis)
         for i, value in enumerate(values):
@@ -416,10 +415,10 @@ def _expand_ear_grid(sweep: SweepSpec) -> list[Cell]:
     """Every (model, reranker, seed) of an EAR grid, its axes named as a re-ranking grid's
     (:func:`orchestrator.core.schema.axes`: ``loss`` is ``ear-ri`` or ``ear-rd``)."""
     grid, cells = sweep.grid, []
+    ear = sweep.base.get("ear")  # not a mapping: EarTrialSpec says so, naming base.ear
     for model in grid.models:
         for reranker in grid.rerankers:
             for seed in grid.seeds:
-                ear = sweep.base.get("ear")  # not a mapping: EarTrialSpec says so, naming base.ear
                 trial = {**sweep.base, "name": sweep.name, "seed": seed, "model": {"name": model, "max_length": grid.max_length},
                          "ear": {**ear, "reranker": reranker} if isinstance(ear, dict) else
                                 {"reranker": reranker} if ear is None else ear}
@@ -485,7 +484,7 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
     for name in SearchSpec.model_fields:
         space = getattr(sweep.search, name)
         cell = next((c for c in runnable if name in c.searched), None)
-        if space is not None and name in _SEARCH_SPACES and name != "learning_rate" and (name in EAR_SEARCHED) != sweep.is_ear:
+        if space is not None and name in _KIND_SPACES and (name in EAR_SEARCHED) != sweep.is_ear:
             # a space of the other kind's cells would silently search nothing (a re-ranking space
             # may name a loss's parameter that only some grids have: that one applies when present)
             shown = SearchSpec.model_fields[name].alias or name
@@ -513,8 +512,8 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
     return None
 
 
-# the SearchSpec fields that are searched spaces (the rest are the search's settings)
-_SEARCH_SPACES = frozenset(set(SearchSpec.model_fields) - set(_SearchSettings.model_fields) | {"learning_rate"})
+# the searched spaces only one kind's cells have (the settings and learning_rate apply to all)
+_KIND_SPACES = frozenset(set(SearchSpec.model_fields) - set(_SearchSettings.model_fields))
 
 
 def load_sweep(path: Path) -> SweepSpec:

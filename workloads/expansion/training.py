@@ -253,11 +253,11 @@ def chosen_run(rankings_path: str, chosen: dict[str, int]) -> Run:
     # become Python objects, in every epoch's validation too.
     wanted = pa.table({"query_id": pa.array(list(chosen), pa.string()),
                        "expansion_index": pa.array(list(chosen.values()), pa.int32())})
-    table = pq.read_table(rankings_path).join(wanted, ["query_id", "expansion_index"], join_type="inner").to_pydict()
+    table = pq.read_table(rankings_path, columns=["query_id", "expansion_index", "doc_id", "score"]).join(
+        wanted, ["query_id", "expansion_index"], join_type="inner")
     run: Run = {}
-    for qid, index, doc_id, score in zip(table["query_id"], table["expansion_index"], table["doc_id"], table["score"]):
-        if chosen.get(qid) == index:
-            run.setdefault(qid, {})[doc_id] = score
+    for qid, doc_id, score in zip(*(table.column(c).to_pylist() for c in ("query_id", "doc_id", "score"))):
+        run.setdefault(qid, {})[doc_id] = score
     return run
 
 
