@@ -139,7 +139,11 @@ def serve_ui(work: Path, config: Path, uri: str, port: int, timeout: float = 120
             time.sleep(0.5)
         links = {}
         for line in log_path.read_text().splitlines():
-            label, sep, url = line.removeprefix("[orchestrate]").strip().partition(": http")
+            text = line.removeprefix("[orchestrate]").strip()
+            if text.startswith("MLflow UI for ") and " on http" in text:  # the experiment's own page
+                links["experiment"] = "http" + text.rsplit(" on http", 1)[1]
+                continue
+            label, sep, url = text.partition(": http")
             if sep and " " not in url:
                 links[label] = "http" + url
         yield links

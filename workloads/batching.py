@@ -36,8 +36,15 @@ class PairStructure:
     augmented: torch.Tensor   # bool: produced by an augmenter
     source: torch.Tensor      # long: index of the original pair an augmented pair was made from, else -1
 
-    def to(self, device: torch.device) -> PairStructure:
-        return PairStructure(*(t.to(device) for t in (self.labels, self.query_ids, self.triple_ids, self.augmented, self.source)))
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.labels, self.query_ids, self.triple_ids, self.augmented, self.source
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> PairStructure:
+        return PairStructure(*(t.to(device, non_blocking=non_blocking) for t in self._tensors()))
+
+    def pin_memory(self) -> PairStructure:
+        """Page-locked copies: a blocking copy to the GPU would wait for the GPU's queued work."""
+        return PairStructure(*(t.pin_memory() for t in self._tensors()))
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS
 from workloads.batching import BATCHINGS
@@ -91,7 +91,8 @@ class FirstStageSpec(_Strict):
                     "the collection: msmarco-v1-doc for msmarco-document, beir-v1.0.0-<name>.flat for beir/<name>; "
                     "downloaded once), or the name of a Pyserini prebuilt index; rm3: the same (a prebuilt index "
                     "must store document vectors)")
-    fb_terms: int = Field(default=10, ge=1, description="rm3: expansion terms added to the query")
+    fb_terms: int = Field(default=10, ge=1, le=1000, description="rm3: expansion terms added to the query (at most 1000: "
+                                                                 "Lucene's 1024 clauses per query hold them and the query's own)")
     fb_docs: int = Field(default=10, ge=1, description="rm3: top BM25 documents the relevance model is estimated on")
     original_query_weight: float = Field(default=0.5, ge=0, le=1, description="rm3: the original query's weight")
     train_depth: int = Field(default=100, ge=2, description="top-k of training queries that negatives are drawn from")
@@ -187,6 +188,11 @@ class TrainingDataSpec(_Strict):
     size: int | Literal["full"] = Field(
         default=1_000, description="query-document pairs: N/2 triples (AUG section 6.3); N/(1 + negatives) rows")
     seed: int = 13
+    queries: Literal["all", "as_needed"] = Field(
+        default="all", description="all: every training query with a judged-relevant document is retrieved and their triples "
+                                   "shuffled together (every earlier set); as_needed: those queries in a seeded order, retrieved "
+                                   "in chunks (256 doubling to 16,384) until the set is full (far fewer on MS MARCO; other rows "
+                                   "than all's)")
 
     @field_validator("size")
     @classmethod
@@ -307,6 +313,30 @@ class CheckpointEvery(_Strict):
         return self
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that record CUDA graphs
+
+
+class CompileSpec(_Strict):
+    """``optimization.compile`` as a mapping: how ``torch.compile`` builds the encoder
+    (``workloads.models.cross_encoder.compile_encoder``). ``{}`` is ``compile: true``."""
+
+    mode: Literal[COMPILE_MODES] = Field(  # type: ignore[valid-type]
+        default="default", description="torch.compile's mode: reduce-overhead records CUDA graphs (one replay per step "
+                                       "instead of a launch per kernel; needs dynamic: false)")
+    dynamic: bool = Field(
+        default=True, description="true: one graph for every batch length (each batch padded to its longest pair); false: "
+                                  "fixed shapes: every batch padded to model.max_length, and a batch whose pairs all fill it "
+                                  "runs without an attention mask (SDPA keeps its flash kernels); dropout then draws from "
+                                  "the compiled code's own stream, so the numbers differ from eager by more than rounding")
+
+    @model_validator(mode="after")
+    def _graphs_need_fixed_shapes(self) -> CompileSpec:
+        if self.mode in CUDA_GRAPH_MODES and self.dynamic:
+            raise ValueError(f"mode {self.mode} records CUDA graphs, which need fixed shapes: set dynamic: false")
+        return self
+
+
 class OptimizationSpec(_Strict):
     epochs: int = Field(default=1, ge=1)
     batching: Literal[BATCHINGS] = Field(  # type: ignore[valid-type]
@@ -331,10 +361,11 @@ class OptimizationSpec(_Strict):
     early_stopping_patience: int | None = Field(
         default=None, ge=1, description="stop after this many epochs without a better validation nDCG@10 (the chosen "
                                         "epoch is still the best one); default: every epoch runs")
-    compile: bool = Field(default=False, description="torch.compile the encoder (inductor, dynamic shapes) for "
-                                                     "training and validation, same numbers as eager up to rounding; "
-                                                     "compiling adds 20-75 s per trial, and on a 2-core CPU steps ran "
-                                                     "slower than eager: meant for GPUs")
+    compile: bool | CompileSpec = Field(
+        default=False, description="torch.compile the encoder (inductor) for training and validation; true: dynamic "
+                                   "shapes, same numbers as eager up to rounding; {mode: reduce-overhead, dynamic: false}: "
+                                   "fixed shapes and CUDA graphs (see CompileSpec); compiling adds 20-75 s per trial, "
+                                   "and on a 2-core CPU steps ran slower than eager: meant for GPUs")
     gradient_accumulation: int = Field(
         default=1, ge=1, description="batches per optimizer step: their gradients add up (each loss divided by their "
                                      "number), so k batches of batch_size make one step of k x batch_size pairs where "
@@ -342,13 +373,38 @@ class OptimizationSpec(_Strict):
     checkpoint_every: CheckpointEvery | None = Field(
         default=None, description="also save the training state inside an epoch, every so many optimizer steps or "
                                   "minutes, with the data position: a trial whose node goes (a preempted spot node) "
-                                  "resumes at the next batch instead of the epoch's start, ending with the same weights; "
-                                  "default: a checkpoint per epoch only")
+                                  "resumes at the next batch instead of the epoch's start; resumed from either, it ends "
+                                  "with the weights an uninterrupted trial has (bit for bit on CPU). Default: a "
+                                  "checkpoint per epoch, and an in-epoch save when AWS announces a spot interruption")
     micro_batch_size: int | None = Field(
         default=None, ge=1, description="pairs per forward within a step (GradCache: scores first without gradients, "
                                         "then each micro-batch again with the loss's gradient): a block of any size fits, "
                                         "for about one more forward; the step's gradient is unchanged (dropout masks are "
                                         "drawn per micro-batch)")
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_mapping(cls, value: object) -> object:
+        if isinstance(value, str):
+            raise ValueError(f"give true, false or a mapping such as {{mode: reduce-overhead, dynamic: false}}, not '{value}'")
+        if not isinstance(value, dict):
+            return value
+        try:  # the mapping's own message, not the union's "should be a valid boolean"
+            chosen = CompileSpec.model_validate(value)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{error['msg'].removeprefix('Value error, ')}") from None
+        # {} is compile: true (and keys as it: a trial compiled before the mapping existed keeps its identity)
+        return True if chosen == CompileSpec() else chosen
+
+    @property
+    def compile_options(self) -> dict | None:
+        """``compile_encoder``'s keywords (mode, dynamic), or None when not compiled."""
+        if not self.compile:
+            return None
+        chosen = self.compile if isinstance(self.compile, CompileSpec) else CompileSpec()
+        return {"mode": chosen.mode, "dynamic": chosen.dynamic}
 
     @model_validator(mode="after")
     def _cft_positives_where_read(self) -> OptimizationSpec:
@@ -420,7 +476,9 @@ class ResourcesSpec(_Strict):
     workers: int = Field(default=1, ge=1, description="Ray Train workers (data-parallel)")
     cpus_per_worker: float = Field(default=1, gt=0)
     use_gpu: bool | Literal["auto"] = "auto"
-    max_failures: int = Field(default=1, ge=0, description="worker-group restarts from the last checkpoint")
+    # 3: a spot node can go more than once in a long trial; a restart resumes from the newest saved state
+    max_failures: int = Field(default=3, ge=0, description="worker-group restarts from the last checkpoint (a lost node, "
+                                                           "a worker Ray's memory monitor killed)")
 
 
 class TrialSpec(_Strict):

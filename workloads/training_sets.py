@@ -6,12 +6,27 @@ non-relevant documents; the triples are shuffled. A set of **size N counts query
 pairs**: N/2 triples. Sets are deterministic per seed and nested (the 1k set is the first
 half of the 2k set for the same seed), stored once as Parquet and reused by every trial
 that asks for the same (collection, split, queries, k, size, seed).
+
+Which queries are retrieved (``training_data.queries``):
+
+- ``all`` (the default, every earlier set): every training query that has a judged-relevant
+  document is retrieved and all their triples are shuffled together, so every such query's
+  ranking decides the rows (how many triples there are and the draws before the shuffle). A
+  query without one yields no triple and draws nothing: it is not retrieved.
+- ``as_needed``: the judged queries in an order drawn by the seed, retrieved in chunks
+  that double from 256 to 16,384 queries (:func:`draw_chunks`); each chunk's triples are
+  drawn and shuffled, and retrieval stops once the set is full. A set of N pairs retrieves
+  the queries of about N/2 rows, up to the end of their chunk (MS MARCO document: 100k pairs
+  from 65,280 of its 367,013 training queries), and the sets of one seed are still nested.
+  Other rows than ``all``'s: a trial asking for it is keyed apart.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -76,6 +91,41 @@ def ranked(docs: dict[str, float]) -> list[str]:
     return [d for d, _ in sorted(docs.items(), key=lambda item: (-item[1], item[0]))]
 
 
+def drawable_queries(query_ids: Iterable[str], qrels: Qrels, relevance_level: int) -> list[str]:
+    """The queries that can yield a training row: those with a judged-relevant document. The
+    others draw nothing and add no triple (:func:`sample_triples`): they need no retrieval."""
+    return sorted(q for q in query_ids if any(g >= relevance_level for g in qrels.get(q, {}).values()))
+
+
+@dataclass
+class _Counts:
+    judged: int = 0
+    retrieved: int = 0
+    no_negative: int = 0
+
+
+def _query_triples(qid: str, ranking: dict[str, float], grades: dict[str, int], relevance_level: int, depth: int,
+                   rng: random.Random, negatives: int, counts: _Counts) -> list[Triple]:
+    """One query's triples: each judged-relevant document of its top-``depth`` with negatives
+    drawn from the rest of that top (the draws of every training set, in this order)."""
+    counts.judged += sum(1 for g in grades.values() if g >= relevance_level)
+    top = ranked(ranking)[:depth]
+    positives = [d for d in top if grades.get(d, 0) >= relevance_level]
+    pool = [d for d in top if grades.get(d, 0) < relevance_level]
+    counts.retrieved += len(positives)
+    if positives and not pool:
+        counts.no_negative += 1
+        return []
+    triples = []
+    for pos in positives:
+        if negatives == 1:  # the draw of every training set made before lists existed
+            triples.append(Triple(qid, pos, rng.choice(pool)))
+        else:
+            drawn = rng.sample(pool, min(negatives, len(pool)))
+            triples.append(Triple(qid, pos, drawn[0], tuple(drawn[1:])))
+    return triples
+
+
 def sample_triples(
     run: Run | FirstStageRun, qrels: Qrels, query_ids: list[str], relevance_level: int, depth: int, seed: int,
     negatives: int = 1,
@@ -84,30 +134,72 @@ def sample_triples(
     ``negatives`` > 1, each positive draws that many distinct negatives (all when the query
     has fewer). A :class:`FirstStageRun` is read one query at a time."""
     rng = random.Random(seed)
-    per_positive = negatives
     triples: list[Triple] = []
-    judged = retrieved = no_negative = 0
-    ordered = sorted(query_ids)
+    counts = _Counts()
+    ordered = drawable_queries(query_ids, qrels, relevance_level)  # the others add nothing and draw nothing
     rankings = run.rankings(ordered) if isinstance(run, FirstStageRun) else ((q, run.get(q, {})) for q in ordered)
     for qid, ranking in rankings:
-        grades = qrels.get(qid, {})
-        judged += sum(1 for g in grades.values() if g >= relevance_level)
-        top = ranked(ranking)[:depth]
-        positives = [d for d in top if grades.get(d, 0) >= relevance_level]
-        pool = [d for d in top if grades.get(d, 0) < relevance_level]
-        retrieved += len(positives)
-        if positives and not pool:
-            no_negative += 1
-            continue
-        for pos in positives:
-            if per_positive == 1:  # the draw of every training set made before lists existed
-                triples.append(Triple(qid, pos, rng.choice(pool)))
-            else:
-                drawn = rng.sample(pool, min(per_positive, len(pool)))
-                triples.append(Triple(qid, pos, drawn[0], tuple(drawn[1:])))
+        triples += _query_triples(qid, ranking, qrels.get(qid, {}), relevance_level, depth, rng, negatives, counts)
     rng.shuffle(triples)
-    stats = TripleStats(len(query_ids), judged, retrieved, no_negative, len(triples))
+    stats = TripleStats(len(query_ids), counts.judged, counts.retrieved, counts.no_negative, len(triples))
     return triples, stats
+
+
+# Queries retrieved at once by ``training_data.queries: as_needed``: chunks that double from
+# the first to the largest, so a small set retrieves little and a large one launches few
+# searches (part of what its sets are: other chunks would draw other rows).
+FIRST_CHUNK, LARGEST_CHUNK = 256, 16_384
+
+
+def draw_chunks(order: list[str]) -> list[list[str]]:
+    """``order`` cut into :data:`FIRST_CHUNK`, twice that, ... up to :data:`LARGEST_CHUNK` queries."""
+    chunks, start, size = [], 0, FIRST_CHUNK
+    while start < len(order):
+        chunks.append(order[start:start + size])
+        start, size = start + size, min(2 * size, LARGEST_CHUNK)
+    return chunks
+
+
+def draw_as_needed(retrieve: Callable[[list[str]], FirstStageRun], qrels: Qrels, query_ids: list[str], relevance_level: int,
+                   depth: int, seed: int, negatives: int, rows: int | None, what: str) -> tuple[list[Triple], TripleStats]:
+    """``training_data.queries: as_needed``: the judged queries in an order drawn by ``seed``,
+    retrieved (``retrieve``: a chunk's first-stage run) in :func:`draw_chunks` of that order;
+    each chunk's triples drawn as :func:`sample_triples` draws a query's, then shuffled, until
+    ``rows`` rows are drawn (``None``: every query). A smaller set of the same seed is a prefix
+    of a larger one and retrieves a prefix of its chunks. Logs each chunk with an ETA."""
+    order = drawable_queries(query_ids, qrels, relevance_level)
+    random.Random(derived_seed("training-query-order", seed)).shuffle(order)
+    rng = random.Random(seed)
+    triples: list[Triple] = []
+    counts = _Counts()
+    drawn = 0
+    chunks = draw_chunks(order)
+    started = time.perf_counter()
+    log = get_logger("data")
+    for number, chunk in enumerate(chunks, 1):
+        if rows is not None and len(triples) >= rows:
+            break
+        found: list[Triple] = []
+        for qid, ranking in retrieve(chunk).rankings(chunk):
+            found += _query_triples(qid, ranking, qrels.get(qid, {}), relevance_level, depth, rng, negatives, counts)
+        rng.shuffle(found)
+        triples += found
+        drawn += len(chunk)
+        elapsed = time.perf_counter() - started
+        if rows is None:
+            left = elapsed / drawn * (len(order) - drawn)
+        else:
+            left = elapsed / max(1, len(triples)) * max(0, rows - len(triples)) if triples else float("nan")
+        log.info(f"training queries of {what}: chunk {number} ({drawn:,} of {len(order):,} judged queries retrieved), "
+                 f"{len(triples):,}{'' if rows is None else f' of {rows:,}'} rows, {elapsed:.0f}s, ETA {_clock(left)}")
+    return triples, TripleStats(drawn, counts.judged, counts.retrieved, counts.no_negative, len(triples))
+
+
+def _clock(seconds: float) -> str:
+    if seconds != seconds:  # NaN: nothing found yet to extrapolate from
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
 
 
 def select_size(triples: list[Triple], size: int | str, source: str, pairs_per_row: int = 2) -> list[Triple]:
@@ -138,24 +230,42 @@ def build_training_set(
     collection: Collection,
     split: str,
     query_ids: list[str],
-    first_stage: FirstStageRun,
+    first_stage: FirstStageRun | None,
     depth: int,
     size: int | str,
     seed: int,
     negatives: int = 1,
+    retrieve: Callable[[list[str]], FirstStageRun] | None = None,
 ) -> tuple[Path, TripleStats]:
     """The Parquet training set for these inputs, built once and then reused: a set already
     built is found by its key alone, without reading the first stage's run (its statistics are
-    stored with it)."""
-    key = stable_key(collection.fingerprint, split, sorted(query_ids), first_stage.key, depth, size, seed,
+    stored with it). ``first_stage``: the run of the training queries (``queries: all``; the
+    judged ones are enough, :func:`drawable_queries`); or ``retrieve``, a chunk of queries'
+    run, for ``queries: as_needed`` (:func:`draw_as_needed`)."""
+    qrels = collection.split_qrels(split)
+    if retrieve is not None:
+        # keyed by the first chunk's run (the first stage's settings and index): cached, so a
+        # set already built costs no retrieval
+        order = drawable_queries(query_ids, qrels, collection.relevance_level)
+        random.Random(derived_seed("training-query-order", seed)).shuffle(order)
+        if not order:
+            raise InputError(f"{collection.name} {split}", "no training query has a judged-relevant document")
+        run_key = ("as_needed", FIRST_CHUNK, LARGEST_CHUNK, retrieve(draw_chunks(order)[0]).key)
+    else:
+        run_key = (first_stage.key,)
+    key = stable_key(collection.fingerprint, split, sorted(query_ids), *run_key, depth, size, seed,
                      *((negatives,) if negatives > 1 else ()))
     path = cache_dir() / "training" / f"{collection.name.replace('/', '_')}-{split}-{size}-s{seed}-{key}.parquet"
     if path.exists():
         stored = pq.read_schema(path).metadata or {}
         if _STATS_KEY in stored:
             return path, TripleStats(**json.loads(stored[_STATS_KEY]))
-    qrels = collection.split_qrels(split)
-    triples, stats = sample_triples(first_stage, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
+    if retrieve is not None:
+        rows = None if size == "full" else int(size) // (1 + negatives)
+        triples, stats = draw_as_needed(retrieve, qrels, query_ids, collection.relevance_level, depth, seed, negatives, rows,
+                                        f"{collection.name} {split} (seed {seed})")
+    else:
+        triples, stats = sample_triples(first_stage, qrels, query_ids, collection.relevance_level, depth, seed, negatives)
     chosen = select_size(triples, size, f"{collection.name} {split}", 1 + negatives)
     if path.exists():  # built before its statistics were stored with it
         return path, stats

@@ -30,7 +30,13 @@ from workloads.retrieval.first_stage import FirstStageRun, first_stage_run
 from workloads.selectors.kind import selector_dir, selector_trial, trained_selector
 from workloads.spec import TrialSpec
 from workloads.training import SELECTION_METRIC, WEIGHT_METRIC, TrainingInputs
-from workloads.training_sets import build_candidates, build_training_set, capped_validation_queries, carve_validation_queries
+from workloads.training_sets import (
+    build_candidates,
+    build_training_set,
+    capped_validation_queries,
+    carve_validation_queries,
+    drawable_queries,
+)
 
 BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
 
@@ -139,10 +145,21 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     require_disjoint(collection, {"train": train_ids, "validation": validation_queries,
                                   **({"test": test_queries} if same_collection else {})})
 
-    train_run = first_stage_run(collection, spec.data.train_split, {q: train_queries[q] for q in train_ids}, fs.train_depth, fs)
-    training_set, stats = build_training_set(
-        collection, spec.data.train_split, train_ids, train_run, fs.train_depth,
-        spec.training_data.size, spec.training_data.seed, spec.training_data.negatives)
+    split = spec.data.train_split
+    if spec.training_data.queries == "as_needed":  # retrieved a chunk at a time, as far as the set needs
+        def retrieve(chunk: list[str]):
+            return first_stage_run(collection, split, {q: train_queries[q] for q in chunk}, fs.train_depth, fs)
+
+        training_set, stats = build_training_set(
+            collection, split, train_ids, None, fs.train_depth, spec.training_data.size, spec.training_data.seed,
+            spec.training_data.negatives, retrieve=retrieve)
+    else:
+        # only the queries that can yield a row (a judged-relevant document): the same rows
+        drawable = drawable_queries(train_ids, collection.split_qrels(split), collection.relevance_level) or train_ids
+        train_run = first_stage_run(collection, split, {q: train_queries[q] for q in drawable}, fs.train_depth, fs)
+        training_set, stats = build_training_set(
+            collection, split, train_ids, train_run, fs.train_depth,
+            spec.training_data.size, spec.training_data.seed, spec.training_data.negatives)
 
     augmentations: list[Path] = []
     augmentation_stats: dict[str, int] = {}

@@ -21,7 +21,8 @@ def add_parser(sub, common) -> None:
     parser.add_argument("--b", type=bounded(float, 0.0, 1.0, what="b (length normalisation)"), default=0.4,
                         help="BM25 b (Pyserini's BEIR default)")
     parser.add_argument("--rm3", action="store_true", help="BM25 with RM3 query expansion (Pyserini's set_rm3)")
-    parser.add_argument("--fb-terms", type=bounded(int, 1, what="RM3 expansion terms"), default=10,
+    # 1000: workloads.retrieval.bm25.MAX_FB_TERMS (Lucene's 1024 clauses per query hold them and the query's own)
+    parser.add_argument("--fb-terms", type=bounded(int, 1, 1000, what="RM3 expansion terms"), default=10,
                         help="--rm3: expansion terms")
     parser.add_argument("--fb-docs", type=bounded(int, 1, what="RM3 feedback documents"), default=10,
                         help="--rm3: feedback documents")

@@ -45,11 +45,18 @@ def units_of(path: Path) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from orchestrator.core.lifecycle import refuse_configuration_problems
     from orchestrator.core.preparation import cache_files, fetch_models, prepare_units
 
     name, units = units_of(Path(args.config))
     if not units:
         raise InputError(args.config, "nothing to prepare: no runnable trial or cell")
+    # what can never run is refused before any unit is prepared (an EAR trial over other data
+    # would be prepared first, then its trial would wait for it forever)
+    refuse_configuration_problems([spec for unit in units for spec in unit.specs], args.config)
+    from orchestrator.core.staging import require_staged
+
+    require_staged([spec for unit in units for spec in unit.specs], args.config)  # index names, the workers' storage
     before = cache_files()
     fetch_models(units)
     reports = prepare_units(units)

@@ -14,7 +14,7 @@ log = get_logger("orchestrate")
 
 
 def add_parser(sub, common) -> None:
-    from orchestrator.report.tables import RENDERERS
+    from orchestrator.report.tables import FAMILIES, RENDERERS
     from workloads.evaluation.significance import CORRECTIONS, PAIRED_TESTS
 
     parser = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps",
@@ -27,7 +27,16 @@ def add_parser(sub, common) -> None:
     parser.add_argument("--collection", help="test collection: the sweep's own (default) or a zero-shot one by name")
     parser.add_argument("--format", default="md", choices=list(RENDERERS), help="printed format (all three are written)")
     parser.add_argument("--test", default="t", choices=list(PAIRED_TESTS), help="paired test against the baseline")
-    parser.add_argument("--correction", default="none", choices=list(CORRECTIONS), help="across the table's comparisons")
+    parser.add_argument("--correction", default="none", choices=list(CORRECTIONS),
+                        help="multiple comparisons: holm, bonferroni (family-wise error) or bh (Benjamini-Hochberg, false "
+                             "discovery rate), over --family")
+    parser.add_argument("--family", choices=list(FAMILIES),
+                        help="what --correction corrects over: each table's comparisons (default) or every system against "
+                             "its baseline on every collection of the sweep")
+    parser.add_argument("--ci", action="store_true",
+                        help="95%% paired bootstrap intervals of each difference against the baseline (over queries, and "
+                             "seeds), queries won/tied/lost and effect sizes in the tables, error bars in the figures")
+    parser.add_argument("--seeds", action="store_true", help="also each seed's value of every cell")
     parser.add_argument("--digits", type=bounded(int, 0, 12, what="a number of digits"), default=4, help="digits shown")
     parser.add_argument("--zero-shot", action="store_true", help="also the zero-shot table (collections x models, AUG Table 4)")
     parser.add_argument("--transfer", action="store_true", help="also the transfer matrix (train x test collection) of the sweeps")
@@ -57,14 +66,10 @@ def _open(args):
 
 
 def _check_storage(sweep, storage: str) -> None:
-    import json
+    from orchestrator.sweep.runner import sweep_paths
+    from orchestrator.sweep.store import record_owner
 
-    from orchestrator.sweep.grid import check_owner
-    from orchestrator.sweep.runner import SWEEP_RECORD, sweep_paths
-
-    record = sweep_paths(sweep, Path(storage)).root / SWEEP_RECORD
-    if record.exists():
-        check_owner(sweep, json.loads(record.read_text()).get("file"), str(record.parent))
+    record_owner(sweep, sweep_paths(sweep, Path(storage)).root)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     sweeps = [load_sweep(path) for path in args.sweeps]
     for sweep in sweeps:
         _check_storage(sweep, args.storage)
-    options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits)
+    options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits,
+                           family=args.family, ci=args.ci, seeds=args.seeds)
     request = ReportRequest(options=options, rows=tuple(a.strip() for a in args.rows.split(",") if a.strip()), cols=args.cols,
                             collection=args.collection, output_format=args.format, zero_shot=args.zero_shot,
                             transfer=args.transfer, select=parse_select(args.select), plots=not args.no_plots,
@@ -98,9 +104,10 @@ def _robustness(args: argparse.Namespace) -> int:
     from orchestrator.report.tables import RENDERERS
 
     tracker = _open(args)
+    options = {"correction": args.correction, "family": args.family, "ci": args.ci, "show_seeds": args.seeds}
     for path in args.sweeps:
         is_sweep = "grid" in read_yaml(Path(path))[0]
-        table = (sweep_robustness(load_results(load_sweep(path), tracker), args.test) if is_sweep
-                 else trial_file_robustness(tracker, path, args.test))
+        table = (sweep_robustness(load_results(load_sweep(path), tracker), args.test, **options) if is_sweep
+                 else trial_file_robustness(tracker, path, args.test, **options))
         emit(RENDERERS[args.format](table, args.digits))
     return 0

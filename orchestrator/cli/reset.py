@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import time
@@ -23,23 +24,33 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Removes ``<storage>/<sweep>`` (Optuna studies, Ray checkpoints) and moves the MLflow
+    """Removes the store ``<storage>/<sweep>`` (Optuna studies, Ray checkpoints) and moves the MLflow
     experiment out of the way (renamed ``<sweep>-reset-<time>``, then deleted: MLflow keeps it
     in its trash until ``mlflow gc``), after the sweep's own lock is free. The cache (indexes,
-    runs, training sets, trained selectors) stays: the restarted sweep reuses it."""
+    runs, training sets, trained selectors) stays: the restarted sweep reuses it.
+
+    Only a store that orchestrate wrote for this sweep is removed (its marker, or for a store
+    written before the marker, nothing in it but what a sweep writes): a folder of the user's
+    that carries the sweep's name is one line, and nothing at all is removed."""
     from orchestrator.cli.sweep import load_sweep
     from orchestrator.core.tracking import open_tracker
     from orchestrator.sweep.runner import check_store_owner, sweep_lock, sweep_paths
+    from orchestrator.sweep.store import LOCK_FILE, MARKER, describe_foreign, foreign_entries
 
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
     tracker = open_tracker(args.tracking_uri, write=False)
     experiment = tracker.client.get_experiment_by_name(sweep.name) if tracker is not None else None
     check_store_owner(sweep, paths, tracker, experiment)  # never another file's sweep of the same name
-    if not paths.root.exists() and experiment is None:
+    foreign = foreign_entries(paths.root, sweep.name)
+    if foreign is not None:  # before anything is removed, the MLflow experiment included
+        raise InputError(paths.root, describe_foreign(sweep.name, foreign) + "; nothing removed")
+    kept = {LOCK_FILE, MARKER}  # the lock is held while removing; the marker says the folder is still the store
+    stored = paths.root.exists() and any(p.name not in kept for p in paths.root.iterdir())
+    if not stored and experiment is None:
         raise InputError(args.config, f"nothing to reset: no trace of sweep '{sweep.name}' in {paths.root}"
                                       + (f" or {tracker.uri}" if tracker else ""))
-    what = [str(paths.root)] if paths.root.exists() else []
+    what = [str(paths.root)] if stored else []
     what += [f"MLflow experiment '{sweep.name}' ({tracker.uri})"] if experiment is not None else []
     if not args.yes:
         if not sys.stdin.isatty():
@@ -48,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             emit("nothing removed")
             return 0
-    with sweep_lock(paths):  # never under a running sweep
+    locked = stored or (paths.root / MARKER).exists()  # a store (a running sweep holds its lock), never a bare folder
+    with sweep_lock(paths) if locked else contextlib.nullcontext():  # never under a running sweep
         if experiment is not None:
             tracker.client.rename_experiment(experiment.experiment_id, f"{sweep.name}-reset-{int(time.time())}")
             tracker.client.delete_experiment(experiment.experiment_id)
-        if paths.root.exists():
+        if stored:
             for child in paths.root.iterdir():
-                if child.name != "sweep.lock":
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+                if child.name not in kept:
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
             from orchestrator.sweep.search import optuna_storage
 
             optuna_storage.cache_clear()  # a storage this process opened points at the removed file

@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
 
     experiment, specs = selected_trials(args)
     ear = getattr(specs[0], "kind", None) == "ear"
+    from orchestrator.core.lifecycle import refuse_configuration_problems
+
+    refuse_configuration_problems(specs, args.config)  # what can never run: refused, dry run or not, before any work
     if args.dry_run:
         return (ear_dry_run if ear else dry_run)(args.config, experiment, specs, args.json)
     check_ray_address(args.address)  # before the first write: a dead address leaves no store behind

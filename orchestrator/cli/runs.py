@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
     tracker = open_tracker(args.tracking_uri, write=False)
     found = tracker.client.get_experiment_by_name(experiment) if tracker is not None else None
     if sweep is not None and found is not None:
-        from orchestrator.sweep.grid import check_owner
+        from orchestrator.sweep.store import experiment_owner
 
-        check_owner(sweep, found.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{experiment}' of {tracker.uri}")
+        experiment_owner(sweep, tracker, found)
     if found is None:
         raise InputError(args.config, f"no MLflow experiment '{experiment}' in {tracker.uri if tracker else 'this store'}: "
                                       "nothing has run yet (or give --tracking-uri)")

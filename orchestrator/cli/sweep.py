@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from orchestrator.cli.output import HelpFormatter, add_address, add_storage, add_tracking, emit
+from orchestrator.cli.output import HelpFormatter, add_address, add_storage, add_tracking, bounded, emit
+from workloads.errors import InputError
 
 
 def add_parser(sub, common) -> None:
@@ -22,12 +23,21 @@ def add_parser(sub, common) -> None:
     parser.add_argument("--throughput", metavar="FILE", type=Path,
                         help="--dry-run: a YAML of throughput profiles (name: {model, tokens, train_pairs_per_second, "
                              "score_pairs_per_second}), e.g. measured on your GPUs")
-    parser.add_argument("--price-per-hour", type=float, metavar="USD", help="--dry-run: a device-hour's price, for the cost")
+    parser.add_argument("--price-per-hour", type=bounded(float, 0.0, what="a price (USD per device-hour, >= 0)"), metavar="USD",
+                        help="--dry-run: a device-hour's price, for the cost")
+    parser.add_argument("--max-concurrent", type=bounded(int, 1, what="a number of trials"), metavar="N",
+                        help="trials in flight at once (overrides search.max_concurrent_trials; default: what the cluster "
+                             "holds at its largest, by the autoscaler's limits; needed where those cannot be read: Ray "
+                             "Client, a driver off the head, KubeRay)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tracking(parser)
     add_storage(parser)
     add_address(parser)
     parser.set_defaults(func=run)
+
+
+# options only the dry run's compute estimate reads -> their argparse names
+DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per-hour": "price_per_hour"}
 
 
 def load_sweep(path: str):
@@ -41,24 +51,37 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
     from orchestrator.sweep.grid import check_targets, expand_grid
     from orchestrator.sweep.runner import dry_run_report, preflight, run_sweep, sweep_paths
+    from orchestrator.sweep.store import claim_store
 
+    given = [option for option, value in DRY_RUN_ONLY.items() if getattr(args, value) is not None]
+    if given and not args.dry_run:  # the estimate is the dry run's: a sweep that runs would ignore them
+        raise InputError("/".join(given), "estimate the compute of a dry run: add --dry-run (a sweep that runs uses none)")
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
     if args.dry_run:
-        check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
-        report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
-        from orchestrator.sweep.estimate import choose_profile, estimate
+        from orchestrator.sweep.estimate import choose_profile, estimate, load_throughputs
 
+        profile = choose_profile(sweep, args.device, args.throughput)  # the options checked before any work
+        check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
+        from orchestrator.core.staging import staging_problems, sweep_specs
+
+        # (and, offline, every prebuilt index name and what the workers' storage lacks: orchestrator.core.staging)
+        report = {**dry_run_report(sweep, paths), "preflight": list(dict.fromkeys(preflight(sweep) + staging_problems(sweep_specs(sweep))))}
         left = {d["key"]: max(0, report["trials_per_cell"] - d["trials_done"]) for d in report["cells_detail"]}
-        report["estimate"] = estimate(sweep, choose_profile(sweep, args.device, args.throughput), left, args.price_per_hour)
+        report["estimate"] = estimate(sweep, profile, left, args.price_per_hour,
+                                      compared=load_throughputs(args.throughput))
     else:
         # Every check that can refuse comes before the first write: a Ray address that does not
         # answer or a storage that cannot be written leaves no MLflow store behind.
+        from orchestrator.core.staging import require_staged, sweep_specs
+
+        require_staged(sweep_specs(sweep), args.config)  # an unknown index name, a file the workers cannot read
         check_ray_address(args.address)
         check_tracking_uri(args.tracking_uri)
-        paths.root.mkdir(parents=True, exist_ok=True)
+        claim_store(paths.root, sweep.name)  # created and marked; a user's folder of the sweep's name is refused
         tracker = open_tracker(args.tracking_uri)
-        report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose)
+        report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose,
+                           max_concurrent=args.max_concurrent)
     if args.json:
         emit(json.dumps(report, indent=2))
     else:
@@ -108,14 +131,24 @@ def print_plan(report: dict) -> None:
         print_estimate(report["estimate"])
 
 
+def _span(low: float, high: float, unit: str = "") -> str:
+    return f"{unit}{low:,.0f}-{unit}{high:,.0f}" if high >= 10 else f"{unit}{low:,.1f}-{unit}{high:,.1f}"
+
+
 def print_estimate(estimate: dict) -> None:
     profile = estimate["profile"]
-    cost = f"; at ${estimate['price_per_hour']:g}/h: ${estimate['cost']:,.0f}" if estimate["cost"] is not None else ""
+    cost = ""
+    if estimate["cost"] is not None:
+        cost = f"; at ${estimate['price_per_hour']:g}/h: ${estimate['cost']:,.0f} ({_span(*estimate['cost_range'], '$')})"
     emit(f"estimated compute of the {estimate['trials']} trials to run: {estimate['device_hours']:,.1f} device-hours on "
-         f"{profile['name']} (training {estimate['train_hours']:,.1f}, validation and test "
-         f"{estimate['evaluation_hours']:,.1f}){cost}")
+         f"{profile['name']}, {profile['status']}, range {_span(*estimate['device_hours_range'])} (training "
+         f"{estimate['train_hours']:,.1f}, validation and test {estimate['evaluation_hours']:,.1f}){cost}")
+    spread = f"; rates x{profile['range'][0]:g}-{profile['range'][1]:g}" if profile.get("range") else "; no range given"
     emit(f"  throughput: {profile['model']} at {profile['tokens']} tokens, {profile['train_pairs_per_second']:g} training and "
-         f"{profile['score_pairs_per_second']:g} scoring pairs/s per worker ({profile['source']})")
+         f"{profile['score_pairs_per_second']:g} scoring pairs/s per worker, {profile['status']}{spread} ({profile['source']})")
+    if estimate.get("profiles"):
+        emit("  per GPU profile: " + "; ".join(
+            f"{p['name']} ({p['status']}) {p['device_hours']:,.0f} h ({_span(*p['device_hours_range'])})" for p in estimate["profiles"]))
     groups: dict[tuple[str, str], float] = {}
     for cell in estimate["cells"]:
         key = (cell["axes"].get("model", "?"), str(cell["axes"].get("size", "?")))

@@ -87,8 +87,13 @@ def experiment_links(tracker, name: str, base: str) -> dict[str, str]:
     links = {"experiment": f"{base}/#/experiments/{eid}?{view}"}
     cells = tracker.runs_of_kind(eid, schema.CELL)
     if cells:
+        # MLflow 3.17's UI reads a filter only on the run list's own route (``/runs``: the
+        # experiment's route redirects there and drops it) and, sorted by creation time, fetches
+        # the matching runs' parents and shows the cells folded under the sweep run: the list
+        # is sorted by the test measure instead (best first; a cell without one comes last)
         search = quote(f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'")
-        links["cells"] = f"{base}/#/experiments/{eid}?{view}&searchFilter={search}"
+        order = quote(f"metrics.`{schema.stored_metric_name(schema.target_prefix(schema.TEST) + 'ndcg_at_10')}`")
+        links["cells"] = f"{base}/#/experiments/{eid}/runs?{view}&searchFilter={search}&orderByKey={order}&orderByAsc=false"
         # the tested cells (a failed or unfinished one has no test measure to plot, and the compare
         # page plots only the metrics every compared run has), in the query MLflow's own "Compare"
         # button builds: JSON lists of run and experiment ids

@@ -41,8 +41,10 @@ ENV_DEFAULTS = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
 }
 # Passed on to every Ray worker when set (the defaults above are always passed): offline mode
-# and where downloads and the cache live, so workers on other nodes do what the driver does.
-PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "IR_DATASETS_HOME", "ANSERINI_INDEX_CACHE")
+# and where downloads and the cache live, so workers on other nodes do what the driver does;
+# the spot notice's endpoint and interval (workloads.training.spot).
+PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "IR_DATASETS_HOME", "ANSERINI_INDEX_CACHE",
+              "ORCHESTRATE_INSTANCE_METADATA", "ORCHESTRATE_SPOT_POLL_SECONDS")
 # Where Ray's State API is served, for the workers of a Ray this process starts (see init_ray).
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
@@ -132,6 +134,10 @@ def check_resources(spec) -> None:
     one line instead. A cluster that scales up is judged by its largest node type (the
     autoscaler's configuration, :func:`largest_node`)."""
     largest = largest_node()
+    if limits_unreadable() is not None:
+        # GPU workers scaling from 0 leave the live cluster without a GPU: "no GPU" would be a
+        # guess; the sweep says in one line that the limits could not be read instead
+        return
     cpus, gpus = largest.get("CPU", 0), largest.get("GPU", 0)
     needed_gpu = spec.resources.use_gpu is True
     where = "the cluster's largest node" + (" type" if largest.get("_from_autoscaler") else "")
@@ -175,12 +181,34 @@ def _autoscaling_config() -> dict:
     as Ray Data's autoscaler reads them); autoscaler v1, the default of ``ray up`` and of
     ``ray start --autoscaling-config``, only holds its cluster file, which the driver reads from
     the command line of the autoscaler's process (the monitor) when it runs on the head, as
-    ``cluster.yaml`` and ``cluster-local.yaml`` tell you to run sweeps."""
+    ``cluster.yaml`` and ``cluster-local.yaml`` tell you to run sweeps.
+
+    Where neither can be read (a Ray Client driver, a driver off the head, KubeRay's autoscaler
+    in its own container, an internal API that moved) the answer is ``{UNREADABLE: why}``: not
+    knowing the limits is not the same as having none, and callers must not judge by the live
+    nodes then (GPU workers scaling from 0 are not live before the first trial asks)."""
     try:
+        if _ray_client():
+            return {UNREADABLE: "a Ray Client driver (ray://) sees neither the head's processes nor the autoscaler's state"}
         return _reported_node_groups() or _monitor_cluster_file()
-    except Exception as exc:  # internal APIs that moved: judge by the live nodes, and say so
-        logger.warning("could not read the autoscaler's node types (%s); judging by the live nodes", exc)
-        return {}
+    except Exception as exc:  # internal APIs that moved
+        return {UNREADABLE: f"reading them failed: {exc}"}
+
+
+# The key of _autoscaling_config()'s answer when the autoscaler's limits could not be read: why.
+UNREADABLE = "_unreadable"
+
+
+def limits_unreadable() -> str | None:
+    """Why the autoscaler's limits could not be read, or None when they were (or there is no
+    autoscaler: a local Ray, a fixed cluster)."""
+    return _autoscaling_config().get(UNREADABLE)
+
+
+def _ray_client() -> bool:
+    import ray
+
+    return ray.util.client.ray.is_connected()
 
 
 def _reported_node_groups() -> dict:
@@ -210,7 +238,8 @@ def _monitor_cluster_file() -> dict:
     port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
     for process in psutil.process_iter(["cmdline"]):
         command = process.info["cmdline"] or []
-        if not any(part.endswith("autoscaler/_private/monitor.py") for part in command):
+        # autoscaler v1's entry point, or v2's (ray start with RAY_enable_autoscaler_v2=1)
+        if not any(part.endswith(("autoscaler/_private/monitor.py", "autoscaler/v2/monitor.py")) for part in command):
             continue
         if not any(part.startswith("--gcs-address=") and part.endswith(f":{port}") for part in command):
             continue
@@ -219,7 +248,12 @@ def _monitor_cluster_file() -> dict:
                 path = Path(part.split("=", 1)[1]).expanduser()
                 path = path if path.is_absolute() else Path(process.cwd()) / path
                 return yaml.safe_load(path.read_text()) or {}
-    return {}
+        return {}  # the head's monitor without a cluster file: no autoscaler (a local Ray, a fixed cluster)
+    # Every head started by `ray start --head` or ray.init runs a monitor; none here for this
+    # cluster: the driver is not on the head, or the autoscaler runs elsewhere (KubeRay starts
+    # the head with --no-monitor and its autoscaler in a container of its own).
+    return {UNREADABLE: "no autoscaler process of this cluster on this machine (the driver is not on the head, or the "
+                        "autoscaler runs in a container of its own, as KubeRay's does)"}
 
 
 def _fits(node: dict, worker: dict) -> int:
@@ -231,6 +265,7 @@ def _fits(node: dict, worker: dict) -> int:
 class Capacity:
     trials: int  # trials of one shape the cluster runs at once at its largest
     source: str  # where that number comes from, said in the sweep's log
+    unreadable: str | None = None  # why the autoscaler's limits could not be read: ``trials`` counts the live nodes only
 
 
 def trial_capacity(spec) -> Capacity:
@@ -241,7 +276,9 @@ def trial_capacity(spec) -> Capacity:
     ``max_workers`` (the cluster's own ``max_workers`` caps the nodes, the roomiest types
     first). A sweep keeps that many trials in flight, so their pending workers are the demand
     that makes the autoscaler start nodes; finished cells leave nodes idle and it removes
-    them. Without an autoscaler, the live nodes (a worker must fit on one node)."""
+    them. Without an autoscaler, the live nodes (a worker must fit on one node). Where the
+    limits could not be read, the live nodes too, with ``unreadable`` saying why: a number no
+    sweep runs on (:func:`orchestrator.sweep.runner._max_concurrent`)."""
     import ray
 
     worker = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if _use_gpu(spec) else {})}
@@ -267,7 +304,7 @@ def trial_capacity(spec) -> Capacity:
     else:
         slots = sum(_fits(n.get("Resources", {}), worker) for n in ray.nodes() if n.get("Alive"))
         source = "the live cluster's nodes"
-    return Capacity(max(1, slots // spec.resources.workers), source)
+    return Capacity(max(1, slots // spec.resources.workers), source, config.get(UNREADABLE))
 
 
 def _free_port() -> int:

@@ -328,12 +328,14 @@ def _close_finished_requirement(tracker: Tracker, experiment_id: str, run_key: s
 
 
 def ensure_requirement(required, tracker: Tracker, experiment_id: str, storage_path: Path, ray_address: str | None = None,
-                       tags: dict[str, str] | None = None) -> Path:
+                       tags: dict[str, str] | None = None, interrupted=None) -> Path:
     """A required trial's kept result (a trained selector, an EAR trial): the one kept already (by any earlier
     command), else trained now with the kind's lifecycle steps and tracked as one run of the
     kind's name: its config, per-epoch metrics, the chosen epoch's validation and its test
     ranking (BM25 beside it), the checkpoint. A crashed attempt resumes from its last epoch
-    (its Ray Train run name is the content key) in the same MLflow run."""
+    (its Ray Train run name is the content key) in the same MLflow run. ``interrupted``: a flag
+    (``is_set()``) that says an error came from the command being stopped (a sweep trains its
+    requirements in threads, which Ctrl-C does not reach): the run is then KILLED, not FAILED."""
     import ray
 
     from workloads.kinds import kind_of, result_summary
@@ -387,7 +389,11 @@ def ensure_requirement(required, tracker: Tracker, experiment_id: str, storage_p
         tracker.finish(run_id, "KILLED")
         raise
     except BaseException as exc:
-        tracker.fail(run_id, "error", exc)  # never reported as complete; a rerun resumes it
+        if interrupted is not None and interrupted.is_set():  # stopped with the sweep: a rerun resumes it
+            tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})
+            tracker.finish(run_id, "KILLED")
+        else:
+            tracker.fail(run_id, "error", exc)  # never reported as complete; a rerun resumes it
         raise
     return path
 
@@ -428,7 +434,87 @@ def preflight_trial(spec: TrialSpec) -> list[str]:
                 problems.update(dict.fromkeys(ear_preflight(load_ear_trial(first_stage.run))))
             except InputError as exc:
                 problems[str(exc)] = None
+    # (a sweep's dry run lists the prebuilt index names it cannot search with its staging problems)
+    problems.update(dict.fromkeys(configuration_problems(spec, indexes=False)))
     return list(problems)
+
+
+def configuration_problems(spec: TrialSpec, indexes: bool = True) -> list[str]:
+    """What in a trial's file can never run, whatever is installed or downloaded, found offline
+    without preparing: a prebuilt index the catalog bundled with Pyserini does not hold,
+    ``scoreddocs`` of a local collection (it ships no run), an EAR first stage over other data
+    than the trial's, more batches per optimizer step than an epoch can have. One line each;
+    ``run`` and ``prepare`` refuse the first (:func:`refuse_configuration_problems`).
+    ``indexes``: check the prebuilt index names too."""
+    from workloads.data.collections import local_directory, same_collection
+    from workloads.retrieval.prebuilt import check_first_stage_index
+
+    data = spec.data
+    test_collection = data.test_collection or data.collection
+    served = [("first_stage", spec.first_stage, data.collection, data.train_split)]
+    if data.validation_split:
+        served.append(("first_stage", spec.first_stage, data.collection, data.validation_split))
+    served.append(("data.test_first_stage", data.test_first_stage, test_collection, data.test_split) if data.test_first_stage
+                  else ("first_stage", spec.first_stage, test_collection, data.test_split))
+    problems: dict[str, None] = {}
+    for where, first_stage, collection, split in served:
+        try:
+            if first_stage.method in ("bm25", "rm3") and indexes:
+                check_first_stage_index(first_stage.index, collection, f"{where}.index")
+            elif first_stage.method == "scoreddocs" and local_directory(collection) is not None:
+                raise InputError(f"{where}.method", f"scoreddocs reads the run an ir_datasets collection ships; "
+                                                    f"{collection} is a local collection, which ships none: use bm25, or "
+                                                    "method run with a TREC run file")
+            elif first_stage.method == "ear":
+                from workloads.expansion.kind import load_ear_trial
+
+                ear = load_ear_trial(first_stage.run).data
+                ranked = list(dict.fromkeys(s for s in (ear.train_split, ear.validation_split, ear.test_split) if s))
+                if not same_collection(collection, ear.collection) or split not in ranked:
+                    raise InputError(f"{where}.run {first_stage.run}",
+                                     f"the EAR trial ranks {ear.collection} ({', '.join(ranked)}), not {collection} "
+                                     f"{split}: an EAR first stage serves trials on its own data")
+        except InputError as exc:
+            problems[str(exc)] = None
+    step = _step_problem(spec)
+    if step:
+        problems[step] = None
+    return list(problems)
+
+
+def _step_problem(spec: TrialSpec) -> str | None:
+    """More batches per optimizer step (x workers) than the training set can make in an epoch:
+    no step would ever happen. Counted at most (every row kept, the last batch full)."""
+    from workloads.batching import rows_per_batch
+
+    opt, size, negatives = spec.optimization, spec.training_data.size, spec.training_data.negatives
+    if not isinstance(size, int):  # size: full, known only once prepared (the trial refuses then)
+        return None
+    rows = size // (1 + negatives)
+    batches = rows // max(1, rows_per_batch(opt.batching, opt.batch_size, negatives))
+    workers = spec.resources.workers
+    if batches // (workers * opt.gradient_accumulation) >= 1:
+        return None
+    most = batches // workers
+    remedy = (f"give at most {most}" if most >= 1 else "lower optimization.batch_size (no single batch is full)")
+    return (f"optimization.gradient_accumulation: {opt.gradient_accumulation} batches per step x {workers} worker(s), "
+            f"but training_data.size {size} makes at most {batches} batch(es) of optimization.batch_size "
+            f"{opt.batch_size} an epoch: no optimizer step would happen; {remedy}")
+
+
+def refuse_configuration_problems(specs, source: str) -> None:
+    """One line (exit 2) for the first of :func:`configuration_problems` of any of ``specs``
+    (re-ranking trials; EAR trials have none of these), before anything is prepared or written."""
+    seen: set[str] = set()
+    for spec in specs:
+        if type(spec) is not TrialSpec:  # (a unit lists its required trials too: they have their own checks)
+            continue
+        if (identity := spec.model_dump_json()) in seen:
+            continue
+        seen.add(identity)
+        problems = configuration_problems(spec)
+        if problems:
+            raise InputError(f"{source}: trial {spec.name}", problems[0])
 
 
 def ear_preflight(spec) -> list[str]:

@@ -82,6 +82,7 @@ def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
     """Prepare every unit, logging one line each (how long); a unit whose augmentation needs a
     selector that is not trained yet stops there and says so."""
     reports = []
+    begun = time.perf_counter()
     for number, unit in enumerate(units, 1):
         started = time.perf_counter()
         waiting = None
@@ -94,7 +95,10 @@ def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
         report = UnitReport(unit.label, time.perf_counter() - started, waiting, len(unit.specs))
         reports.append(report)
         state = f"waits: {waiting}" if waiting else "ready"
-        log.info("prepared [%d/%d] %s: %s (%.1fs)", number, len(units), unit.label, state, report.seconds)
+        # the units left at the mean pace so far (the first units build what later ones reuse: an upper bound)
+        left = (time.perf_counter() - begun) / number * (len(units) - number)
+        log.info("prepared [%d/%d] %s: %s (%.1fs; ETA %d:%02d)", number, len(units), unit.label, state, report.seconds,
+                 *divmod(round(left), 60))
     return reports
 
 

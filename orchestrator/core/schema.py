@@ -36,7 +36,7 @@ WINNER_PARAMS_TAG = "winner_params"
 BASELINE_TAG = "baseline"
 CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint; on a selector run: the trained selector
 SELECTOR_DATA_TAG = "rerank_lab.selector_data"  # on a selector run: cell (the cell's N pairs) or full (every training query)
-FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed
+FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed | requirement
 PRUNED_TAG = "pruned_at_epoch"          # a trial run its cell's pruner stopped (status KILLED): the last epoch it trained
 INTERRUPTED_TAG = "rerank_lab.interrupted"  # a run Ctrl-C stopped (status KILLED): resumed by the next run of the command
 DATA_TAG = "rerank_lab.data"            # on a trial run: the identity of the data it trained and was validated on
@@ -129,11 +129,19 @@ def is_epoch_metric(name: str) -> bool:
 # keeps its order and a slash replaces one underscore, so the code's name is the stored one with
 # "/" read as "_": stores written before (flat names) read the same.
 _GROUPED_SUFFIXES = tuple(sorted((*MEASURES, "interpolation_weight"), key=len, reverse=True))
+# A cell's statistics of a measure (orchestrator.sweep.statistics) follow it in its section:
+# ``test_ndcg_at_10_ci_low`` -> ``test/ndcg_at_10_ci_low``.
+STATISTIC_SUFFIXES = ("seed_mean", "seed_std", "seeds", "difference", "ci_low", "ci_high")
 
 
 def stored_metric_name(name: str) -> str:
     """The name MLflow stores a metric under (``test_ndcg_at_10`` -> ``test/ndcg_at_10``);
     names that are not a target's measure (timings, counts, the loss) are stored as they are."""
+    statistic = next((s for s in STATISTIC_SUFFIXES if name.endswith(f"_{s}")), None)
+    if statistic is not None:
+        measure = stored_metric_name(name[: -len(statistic) - 1])
+        if measure != name[: -len(statistic) - 1]:
+            return f"{measure}_{statistic}"
     suffix = next((s for s in _GROUPED_SUFFIXES if name.endswith(f"_{s}")), None)
     if suffix is None:
         return name
@@ -279,7 +287,7 @@ def trial_key(spec: TrialSpec) -> str:
     A section or field at the value that reproduces earlier behaviour is left out when it
     was added after trials were first keyed (``reranking``, ``first_stage.path`` and ``index``,
     ``data.test_perturbation``, ``test_first_stage`` and ``validation_cap``, ``robustness``, ``training_data.negatives``,
-    ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
+    ``training_data.queries``, ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
     ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
     ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
     keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
@@ -304,8 +312,8 @@ def trial_key(spec: TrialSpec) -> str:
             exclude["data"]["test_first_stage"] = {f: True for f in added}
     if not spec.robustness:
         exclude["robustness"] = True
-    if spec.training_data.negatives == 1:
-        exclude["training_data"] = {"negatives"}  # added with per-query lists
+    exclude["training_data"] = ({"negatives"} if spec.training_data.negatives == 1 else set()) | (  # added with lists
+        {"queries"} if spec.training_data.queries == "all" else set())  # added with training queries drawn as needed
     # gradient checkpointing changes memory, not results; in-epoch checkpoints when state is saved
     exclude["optimization"] = {"gradient_checkpointing", "checkpoint_every"}
     if spec.optimization.micro_batch_size is None:

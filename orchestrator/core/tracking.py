@@ -45,6 +45,14 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
+def _file_path(uri: str) -> Path:
+    """The local path of a ``file:`` URI (percent-decoded, as ``Path.as_uri`` wrote it)."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    return Path(url2pathname(urlparse(uri).path))
+
+
 def check_sqlite_file(path: Path, what: str) -> None:
     """A SQLite file that cannot be read as a database is one line naming it (it stays untouched)."""
     import sqlite3
@@ -83,7 +91,11 @@ def open_tracker(cli_value: str | None, write: bool = True) -> Tracker | None:
         if not write:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
-    return Tracker(uri)
+    tracker = Tracker(uri)
+    if write and path is not None and path.exists():
+        for experiment in tracker.client.search_experiments():  # a moved store is written where it is now
+            tracker.follow_moved_store(experiment)
+    return tracker
 
 
 def check_server(uri: str) -> None:
@@ -156,6 +168,7 @@ class Tracker:
 
         self.uri = tracking_uri
         self.client = _named_client(tracking_uri)
+        self._homes: dict[str, tuple[Path, Path] | None] = {}  # experiment id: store_homes
 
     # ------------------------------------------------------------------ experiments and runs
 
@@ -170,6 +183,7 @@ class Tracker:
             experiment_id = self.client.create_experiment(name, artifact_location=artifact_location)
         else:
             experiment_id = experiment.experiment_id
+            self.follow_moved_store(experiment)  # what is written next goes into the store where it is
             if experiment.tags.get(schema.EXPERIMENT_KIND_TAG) == schema.EXPERIMENT_KIND:
                 return experiment_id
         self.client.set_experiment_tag(experiment_id, schema.EXPERIMENT_KIND_TAG, schema.EXPERIMENT_KIND)
@@ -319,7 +333,74 @@ class Tracker:
         cells was 7,144 run reads, 57 of its 95 seconds."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        return get_artifact_repository(run.info.artifact_uri, tracking_uri=self.uri)
+        return get_artifact_repository(self.artifact_uri(run), tracking_uri=self.uri)
+
+    # ------------------------------------------------------------------ a store that moved
+    # MLflow records absolute artifact paths (the experiment's root, each run's URI): a SQLite
+    # store moved or copied with its folder (rsync from a cluster's volume, a renamed or copied
+    # project) would read its artifacts where they were, or find none. Its experiments' roots are
+    # ``<folder of mlflow.db>/mlartifacts/<name>`` (experiment_id), so the folder it was in is known.
+
+    def store_homes(self, experiment) -> tuple[Path, Path] | None:
+        """For a SQLite store: the folder its database was in when ``experiment`` was created, and
+        the folder it is in now (equal unless the store moved); None for another store or root."""
+        db = sqlite_path(self.uri)
+        location = getattr(experiment, "artifact_location", None) or ""
+        if db is None or not location.startswith("file:"):
+            return None
+        root = _file_path(location)
+        if root.parent.name != "mlartifacts":
+            return None
+        return root.parent.parent, db.resolve().parent
+
+    def artifact_uri(self, run) -> str:
+        """Where ``run``'s artifacts are read: where MLflow recorded them, or, in a SQLite store
+        moved since, at the same place under the store as it is now (a copy reads its own files
+        even while the original's exist). A moved database without its artifacts is one line."""
+        recorded = run.info.artifact_uri
+        experiment_id = run.info.experiment_id
+        if experiment_id not in self._homes:
+            self._homes[experiment_id] = self.store_homes(self.client.get_experiment(experiment_id))
+        homes = self._homes[experiment_id]
+        if homes is None or homes[0] == homes[1] or not recorded.startswith("file:"):
+            return recorded
+        then, now = homes
+        path = _file_path(recorded)
+        if not path.is_relative_to(then):
+            return recorded
+        moved = now / path.relative_to(then)
+        if moved.exists() or (now / "mlartifacts").is_dir():
+            return moved.as_uri()
+        if path.exists():
+            return recorded  # a database copied without its artifacts: the original's are the same files
+        raise InputError(sqlite_path(self.uri), f"this MLflow store was moved from {then}, without its artifacts: neither "
+                                                f"{then / 'mlartifacts'} nor {now / 'mlartifacts'} exists; copy the "
+                                                f"mlartifacts folder that was beside it to {now}")
+
+    def follow_moved_store(self, experiment) -> bool:
+        """Before writing to ``experiment`` of a SQLite store moved since: its artifact root and
+        its runs' artifact URIs are rewritten to the store's folder now, so that new artifacts go
+        into the store rather than where it was. MLflow has no API to change an artifact location:
+        the two columns are updated in its database, in one transaction. Returns whether it did."""
+        import sqlite3
+
+        homes = self.store_homes(experiment)
+        if homes is None or homes[0] == homes[1]:
+            return False
+        old, new = (homes[0] / "mlartifacts").as_uri(), (homes[1] / "mlartifacts").as_uri()
+        with contextlib.closing(sqlite3.connect(sqlite_path(self.uri), timeout=60)) as db, db:
+            db.execute("update experiments set artifact_location = ? || substr(artifact_location, ?) where experiment_id = ? "
+                       "and substr(artifact_location, 1, ?) = ?", (new, len(old) + 1, experiment.experiment_id, len(old), old))
+            db.execute("update runs set artifact_uri = ? || substr(artifact_uri, ?) where experiment_id = ? "
+                       "and substr(artifact_uri, 1, ?) = ?", (new, len(old) + 1, experiment.experiment_id, len(old), old))
+        self._homes.pop(experiment.experiment_id, None)
+        owner = experiment.tags.get(schema.SWEEP_FILE_TAG)
+        if owner:  # the sweep file beside the store now (what check_owner takes a moved store's owner to be)
+            beside = os.path.normpath(homes[1] / os.path.relpath(owner, homes[0]))
+            self.client.set_experiment_tag(experiment.experiment_id, schema.SWEEP_FILE_TAG, beside)
+        logging.getLogger("rerank_lab.tracking").info("MLflow store %s: moved from %s; experiment '%s' now keeps its "
+                                                      "artifacts in %s", self.uri, homes[0], experiment.name, new)
+        return True
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
         return dict(self.client.get_run(run_id).data.metrics)

@@ -19,15 +19,17 @@ from orchestrator.report.tables import (
     Table,
     TableOptions,
     compare_with_baselines,
+    family_p_values,
     first_stage_value,
     grid_table,
     render_csv,
     render_latex,
     render_markdown,
+    table_family,
     transfer_table,
     zero_shot_table,
 )
-from orchestrator.sweep.grid import SweepSpec, check_owner
+from orchestrator.sweep.grid import SweepSpec
 from workloads.errors import InputError
 from workloads.logs import get_logger
 
@@ -84,7 +86,9 @@ def load_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
     experiment = tracker.client.get_experiment_by_name(sweep.name)
     if experiment is None:
         raise InputError(sweep.name, f"no MLflow experiment '{sweep.name}' in {tracker.uri}: run the sweep first")
-    check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}")
+    from orchestrator.sweep.store import experiment_owner
+
+    experiment_owner(sweep, tracker, experiment)  # another file's sweep of this name is one line; a copied store is its own
     return load_sweep_results(sweep, tracker)
 
 
@@ -99,16 +103,18 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         label = next(lbl for lbl, p in results.evaluation_targets() if p == prefix)
         _log(f"{results.sweep.name}: reading per-query values of {sum(c.status == STATUS_OK for c in results.cells)} "
              f"finished cells ({len(results.cells)} in the grid)")
-        tables: list[tuple[str, Table]] = [("table", grid_table(results, prefix, label, request.rows, request.cols, request.options))]
+        family = table_family(results, request.options)  # the sweep's: every comparison read and tested once
+        tables: list[tuple[str, Table]] = [("table", grid_table(results, prefix, label, request.rows, request.cols, request.options,
+                                                                family))]
         if request.zero_shot:
-            tables.append(("zero-shot", zero_shot_table(results, request.options, request.select)))
+            tables.append(("zero-shot", zero_shot_table(results, request.options, request.select, family)))
         out_dir.mkdir(parents=True, exist_ok=True)  # once the tables exist: bad options write nothing
         sweep_files: list[Path] = []
         for stem, table in tables:
             blocks.append(renderer(table, request.options.digits))
             sweep_files += _write_table(table, out_dir / f"{stem}-{request.options.metric}-{label}", request.options.digits)
         if request.plots:
-            sweep_files += _plots(results, prefix, label, request.options, out_dir)
+            sweep_files += _plots(results, prefix, label, request.options, out_dir, family)
         chosen, chosen_files = winners_block(results, out_dir)
         sweep_files += chosen_files
         if chosen and request.output_format != "csv":
@@ -195,14 +201,15 @@ def selector_block(tracker: Tracker, experiment_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions, out_dir: Path) -> list[Path]:
+def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions, out_dir: Path, family=None) -> list[Path]:
     from orchestrator.report.plots import plot_metric_by_size, plot_relative_by_size
 
     all_systems = systems(results, options.metric, prefix)
     if not any(s.status == STATUS_OK for s in all_systems):
         _log(f"{results.sweep.name}: no finished cell yet, no figures")
         return []
-    entries = compare_with_baselines(all_systems, options.test, options.correction)
+    entries = compare_with_baselines(all_systems, options.test, options.correction, ci=options.ci,  # error bars with --ci
+                                     adjusted=family_p_values(family, prefix) if family is not None else None)
     written = []
     for model in dict.fromkeys(s.axes["model"] for s in all_systems):
         mine = [s for s in all_systems if s.axes["model"] == model]

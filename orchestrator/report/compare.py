@@ -2,9 +2,11 @@
 
 A ranking is a run (a cell's winner, or a trial tested by ``orchestrate run``) or, written
 ``RUN:bm25``, that run's first stage on the same queries; without RUN_B, RUN_A is compared
-with its own BM25. Per measure: both means, the difference (B - A), the paired test's
-p-value on the shared queries; then the queries whose primary measure changed most. The
-numbers come from the runs' per-query values, cross-checked against their logged aggregates.
+with its own BM25. Per measure: both means, the difference (B - A) with its paired bootstrap
+95% interval over the shared queries, the queries B won / tied / lost, the effect size (mean
+difference / its standard deviation) and the paired test's p-value; then the queries whose
+primary measure changed most. The numbers come from the runs' per-query values,
+cross-checked against their logged aggregates.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from orchestrator.report.results import RunReader
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES, PRIMARY_METRIC
 from workloads.evaluation.significance import TEST_NAMES, paired_test, paired_values
+from workloads.evaluation.statistics import BOOTSTRAP_METHOD, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare_uncertainty
 
 FIRST_STAGE_SUFFIX = f":{schema.FIRST_STAGE}"
 
@@ -63,11 +66,13 @@ def compare_runs(tracker: Tracker, run_a: str, run_b: str, collection: str | Non
     prefix_a, prefix_b = _prefix(tracker, a, collection, a_first), _prefix(tracker, b, collection, b_first)
     values_a, values_b = reader.per_query(a, prefix_a), reader.per_query(b, prefix_b)
     measures = {}  # metric -> paired_test(B, A): its "a" side is run B, so difference is B - A
+    uncertainty = {}  # metric -> B - A's interval, direction and effect
     for metric in (m for m in MEASURES if m in values_a.values and m in values_b.values):
         try:
             measures[metric] = paired_test(values_b.values[metric], values_a.values[metric], test)
         except ValueError as exc:
             raise InputError(f"{run_a} vs {run_b}", str(exc)) from None
+        uncertainty[metric] = compare_uncertainty({"": values_b.values[metric]}, {"": values_a.values[metric]})
     if not measures:
         raise InputError(f"{run_a} vs {run_b}", "the two runs share no measure")
     primary = PRIMARY_METRIC if PRIMARY_METRIC in measures else next(iter(measures))
@@ -77,7 +82,13 @@ def compare_runs(tracker: Tracker, run_a: str, run_b: str, collection: str | Non
         "a": {"run_id": a.info.run_id, "name": _describe(a, a_first), "collection": prefix_a.rstrip("_")},
         "b": {"run_id": b.info.run_id, "name": _describe(b, b_first), "collection": prefix_b.rstrip("_")},
         "test": TEST_NAMES[test], "queries": len(qids),
-        "measures": [{"metric": metric, "a": m.mean_b, "b": m.mean_a, "difference": m.difference, "p_value": m.p_value}
+        "interval": f"95% paired bootstrap interval of B - A over the queries ({BOOTSTRAP_METHOD}, {BOOTSTRAP_RESAMPLES} "
+                    f"resamples, seed {BOOTSTRAP_SEED})",
+        "measures": [{"metric": metric, "a": m.mean_b, "b": m.mean_a, "difference": m.difference,
+                      "ci_low": uncertainty[metric].interval.low, "ci_high": uncertainty[metric].interval.high,
+                      "won": uncertainty[metric].direction.won, "tied": uncertainty[metric].direction.tied,
+                      "lost": uncertainty[metric].direction.lost, "effect_size": uncertainty[metric].effect,
+                      "p_value": m.p_value}
                      for metric, m in measures.items()],
         "primary": primary,
         "most_changed": [{"query_id": q, "a": x, "b": y, "difference": y - x} for q, x, y in changes],
@@ -87,12 +98,15 @@ def compare_runs(tracker: Tracker, run_a: str, run_b: str, collection: str | Non
 def format_comparison(result: dict) -> str:
     lines = [f"A: {result['a']['run_id']} {result['a']['name']} ({result['a']['collection']})",
              f"B: {result['b']['run_id']} {result['b']['name']} ({result['b']['collection']})",
-             f"{result['queries']} queries; p: {result['test']}", "",
-             f"{'measure':<10}{'A':>9}{'B':>9}{'B - A':>9}{'p':>9}"]
+             f"{result['queries']} queries; p: {result['test']}; interval: {result['interval']}; won / tied / lost: "
+             "queries where B is better / equal / worse; effect: mean difference / its standard deviation", "",
+             f"{'measure':<10}{'A':>9}{'B':>9}{'B - A':>9}{'95% interval':>21}{'won/tied/lost':>16}{'effect':>8}{'p':>9}"]
     for m in result["measures"]:
         mark = " †" if m["p_value"] < 0.05 else " °" if m["p_value"] < 0.10 else ""
+        effect = "-" if m["effect_size"] is None else f"{m['effect_size']:+.2f}"
         lines.append(f"{DISPLAY_NAMES.get(m['metric'], m['metric']):<10}{m['a']:>9.4f}{m['b']:>9.4f}"
-                     f"{m['difference']:>+9.4f}{m['p_value']:>9.4f}{mark}")
+                     f"{m['difference']:>+9.4f}{'[' + format(m['ci_low'], '+.4f') + ', ' + format(m['ci_high'], '+.4f') + ']':>21}"
+                     f"{str(m['won']) + '/' + str(m['tied']) + '/' + str(m['lost']):>16}{effect:>8}{m['p_value']:>9.4f}{mark}")
     lines += ["", f"queries whose {DISPLAY_NAMES.get(result['primary'], result['primary'])} changed most:",
               f"{'query':<14}{'A':>9}{'B':>9}{'B - A':>9}"]
     lines += [f"{q['query_id']:<14}{q['a']:>9.4f}{q['b']:>9.4f}{q['difference']:>+9.4f}" for q in result["most_changed"]]

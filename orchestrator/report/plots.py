@@ -6,7 +6,8 @@
   best system per point would select on test.
 - :func:`plot_relative_by_size`: relative change over the baseline by size, one bar per
   system (loss + augmentation), ``†``/``°`` above bars whose paired test against the
-  baseline is significant at 95%/90% (AUG Figure 3).
+  baseline is significant at 95%/90% (AUG Figure 3); with ``--ci``, each bar's error bar is
+  the bootstrap 95% interval of its difference, in percent of the baseline.
 
 Sizes are placed as categories in grid order, so ``full`` sits after the largest number.
 """
@@ -78,6 +79,7 @@ def plot_relative_by_size(model_systems: list[SystemResult], entries: dict[int, 
     names = list(dict.fromkeys(f"{s.axes['loss']} / {s.axes['augmentation']}" for s in model_systems if not s.is_baseline))
     width = 0.8 / max(1, len(names))
     figure, ax = plt.subplots(figsize=(max(6, 1.6 * len(sizes) + 0.3 * len(names)), 4.5))
+    intervals = False
     for n, name in enumerate(names):
         for i, size in enumerate(sizes):
             system = next((s for s in model_systems if not s.is_baseline and s.axes["size"] == size
@@ -86,15 +88,22 @@ def plot_relative_by_size(model_systems: list[SystemResult], entries: dict[int, 
             if entry is None or entry.relative is None:
                 continue
             x = i - 0.4 + width * (n + 0.5)
-            ax.bar(x, entry.relative, width, color=f"C{n % 10}", label=name)
+            error = None
+            if entry.relative_ci is not None:  # asymmetric: from the bar's top to the interval's ends
+                low, high = entry.relative_ci
+                error = [[max(0.0, entry.relative - low)], [max(0.0, high - entry.relative)]]
+                intervals = True
+            ax.bar(x, entry.relative, width, color=f"C{n % 10}", label=name, yerr=error, capsize=3 if error else 0)
             if entry.level in MARKERS:
-                ax.annotate(MARKERS[entry.level], (x, entry.relative), ha="center",
-                            va="bottom" if entry.relative >= 0 else "top", fontsize=10)
+                top = entry.relative_ci[1 if entry.relative >= 0 else 0] if entry.relative_ci is not None else entry.relative
+                ax.annotate(MARKERS[entry.level], (x, top), ha="center", va="bottom" if entry.relative >= 0 else "top", fontsize=10)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(sizes)), sizes)
     ax.set_xlabel("training size (query-document pairs)")
     ax.set_ylabel(f"change of {DISPLAY_NAMES.get(metric, metric)} over baseline (%)")
-    ax.set_title(f"{model} on {collection}: change over the baseline\n(† p < 0.05, ° p < 0.10, paired test per query)", fontsize=10)
+    bars = "; bars: 95% bootstrap interval" if intervals else ""
+    ax.set_title(f"{model} on {collection}: change over the baseline\n(† p < 0.05, ° p < 0.10, paired test per query{bars})",
+                 fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))  # one legend entry per system, not per bar

@@ -250,6 +250,7 @@ class SystemResult:
     per_query: dict[str, float] | None
     validation: float | None  # mean over seeds of the winners' validation nDCG@10
     cells: list[CellResult]
+    per_seed: dict[str, dict[str, float]] | None = None  # seed -> query -> value (when status is ok)
 
     @property
     def value(self) -> float | None:
@@ -272,15 +273,17 @@ def systems(results: SweepResults, metric: str, prefix: str) -> list[SystemResul
         per_seed = [results.per_query(m, prefix, metric) for m in members]
         statuses = [m.status if m.status != STATUS_OK or pq is not None else "missing" for m, pq in zip(members, per_seed)]
         status = min(statuses, key=_STATUS_ORDER.index)
-        per_query = None
+        per_query = by_seed = None
         if status == STATUS_OK:
             qids = set(per_seed[0])
             if any(set(pq) != qids for pq in per_seed):
                 raise InputError(f"sweep {results.sweep.name}", f"the seeds of {'/'.join(key)} were scored on different queries")
             per_query = {q: sum(pq[q] for pq in per_seed) / len(per_seed) for q in sorted(qids)}
+            by_seed = {m.axes.get("seed", str(i)): pq for i, (m, pq) in enumerate(zip(members, per_seed))}
         validations = [m.run.data.metrics.get(schema.BEST_OBJECTIVE) for m in members if m.run is not None]
         validation = sum(validations) / len(validations) if validations and None not in validations else None
-        out.append(SystemResult(dict(zip(SYSTEM_AXES, key)), members[0].is_baseline, status, per_query, validation, members))
+        out.append(SystemResult(dict(zip(SYSTEM_AXES, key)), members[0].is_baseline, status, per_query, validation, members,
+                                by_seed))
     return out
 
 

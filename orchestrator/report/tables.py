@@ -6,9 +6,17 @@ LaTeX or CSV, so every format shows the same numbers, markers and emphasis:
 - each system's value, its relative change against its baseline (same model and size, no
   augmentation, plain ranking loss) in percent, and a marker when a paired per-query test
   against that baseline is significant (``†`` at 95%, ``°`` at 90%), optionally corrected
-  (Holm or Bonferroni) across every comparison of the table;
+  (Holm, Bonferroni or Benjamini-Hochberg) across every comparison of the table or sweep;
 - per row, the best value in bold and the second best underlined (ties share the mark);
-- a cell without a number shows its state (failed, stale, interrupted, pending, running, missing, n/a), never 0.
+- a cell without a number shows its state (failed, stale, interrupted, pending, running, missing, n/a), never 0;
+- a cell of several seeds: the mean over its seeds ``±`` their standard deviation; with
+  ``seeds`` each seed's value too (a block beneath the table);
+- with ``ci``: the paired bootstrap 95% interval of the difference against the baseline in
+  the cell, and beneath the table each comparison's difference, interval, queries won / tied /
+  lost and effect size (:mod:`workloads.evaluation.statistics`);
+- the family of the multiple-comparison correction (:class:`Family`): the table's
+  comparisons, or every comparison of the sweep (each system against its baseline on every
+  collection it was tested on), corrected by Holm, Bonferroni or Benjamini-Hochberg.
 """
 
 from __future__ import annotations
@@ -20,7 +28,22 @@ from dataclasses import dataclass, field, replace
 from orchestrator.report.results import STATUS_LABELS, STATUS_OK, SYSTEM_AXES, SweepResults, SystemResult, baseline_of, systems
 from workloads.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES
-from workloads.evaluation.significance import TEST_NAMES, adjust_p_values, paired_test, relative_change, significance_level
+from workloads.evaluation.significance import (
+    CORRECTION_NAMES,
+    TEST_NAMES,
+    adjust_p_values,
+    paired_test,
+    relative_change,
+    significance_level,
+)
+from workloads.evaluation.statistics import (
+    BOOTSTRAP_METHOD,
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    Direction,
+    compare_uncertainty,
+    seed_summary,
+)
 
 MARKERS = {0.05: "†", 0.10: "°"}
 LATEX_MARKERS = {0.05: r"$^{\dagger}$", 0.10: r"$^{\circ}$"}
@@ -35,6 +58,15 @@ class Entry:
     level: float | None = None     # 0.05, 0.10 or None
     emphasis: str = ""             # "best", "second" or ""
     is_baseline: bool = False
+    difference: float | None = None                # mean difference against the baseline
+    ci: tuple[float, float] | None = None          # its bootstrap interval (when asked for)
+    relative_ci: tuple[float, float] | None = None  # the interval in percent of the baseline
+    direction: Direction | None = None             # queries won / tied / lost
+    effect: float | None = None                    # mean difference / its standard deviation
+    raw_p_value: float | None = None               # before correction
+    seeds: int = 1
+    seed_std: float | None = None                  # the seeds' standard deviation (several seeds)
+    per_seed: tuple[tuple[str, float], ...] = ()   # (seed, value) of each seed
 
 
 @dataclass
@@ -44,9 +76,14 @@ class Table:
     columns: list[str]
     rows: list[tuple[list[str], list[Entry]]]
     notes: list[str] = field(default_factory=list)
+    ci: bool = False          # intervals in the cells, and the comparisons' block
+    show_seeds: bool = False  # the seeds' block
 
 
 # ----------------------------------------------------------------------------- building
+
+
+FAMILIES = ("table", "sweep")
 
 
 @dataclass(frozen=True)
@@ -55,11 +92,62 @@ class TableOptions:
     test: str = "t"
     correction: str = "none"
     digits: int = 4
+    family: str | None = None  # "table" or "sweep"; None: the table, its note worded as before the option
+    ci: bool = False           # bootstrap intervals, won / tied / lost and effect sizes in the tables
+    seeds: bool = False        # each seed's value
+
+
+@dataclass(frozen=True)
+class Family:
+    """The comparisons one correction runs over.
+
+    ``table``: the comparisons a table shows (each table corrected on its own). ``sweep``:
+    every system against its baseline on every collection the sweep was tested on (its test
+    collection and each zero-shot one), for the table's measure; ``adjusted`` holds their
+    corrected p-values by (metric prefix, system label)."""
+
+    scope: str
+    correction: str
+    size: int = 0
+    collections: tuple[str, ...] = ()
+    adjusted: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+def sweep_family(results: SweepResults, options: TableOptions) -> Family:
+    """Every system-vs-baseline comparison of the sweep on ``options.metric``, corrected together."""
+    raw: dict[tuple[str, str], float] = {}
+    for _, prefix in results.evaluation_targets():
+        all_systems = systems(results, options.metric, prefix)
+        for system in all_systems:
+            baseline = None if system.is_baseline or system.status != STATUS_OK else baseline_of(system, all_systems)
+            if baseline is not None and baseline.status == STATUS_OK:
+                raw[(prefix, system.label)] = paired_test(system.per_query, baseline.per_query, options.test).p_value
+    adjusted = adjust_p_values(list(raw.values()), options.correction)
+    return Family("sweep", options.correction, len(raw), tuple(label for label, _ in results.evaluation_targets()),
+                  dict(zip(raw, adjusted)))
+
+
+def _by_seed(system: SystemResult) -> dict[str, dict[str, float]]:
+    return system.per_seed if system.per_seed else {"": system.per_query}
+
+
+def _seed_fields(system: SystemResult) -> dict:
+    """The seeds' count, spread (several seeds) and each seed's value."""
+    if not system.per_seed:
+        return {}
+    summary = seed_summary(system.per_seed)
+    per_seed = tuple((seed, sum(v.values()) / len(v) if v else 0.0) for seed, v in system.per_seed.items())
+    return {"seeds": summary.count, "seed_std": summary.std, "per_seed": per_seed}
 
 
 def compare_with_baselines(all_systems: list[SystemResult], test: str, correction: str,
-                           targets: list[SystemResult] | None = None) -> dict[int, Entry]:
-    """An entry per system (by ``id``): value, relative change and corrected significance."""
+                           targets: list[SystemResult] | None = None, ci: bool = False,
+                           adjusted: dict[str, float] | None = None) -> dict[int, Entry]:
+    """An entry per system (by ``id``): value, relative change, corrected significance, the
+    difference's direction and effect size (and its bootstrap interval with ``ci``).
+
+    ``adjusted`` (system label -> corrected p-value): the p-values of a larger family
+    (:func:`sweep_family`); without it the comparisons made here are the family."""
     entries: dict[int, Entry] = {}
     tested: list[tuple[int, float]] = []
     for system in targets if targets is not None else all_systems:
@@ -67,14 +155,24 @@ def compare_with_baselines(all_systems: list[SystemResult], test: str, correctio
             entries[id(system)] = Entry(None, system.status, is_baseline=system.is_baseline)
             continue
         baseline = None if system.is_baseline else baseline_of(system, all_systems)
-        entry = Entry(system.value, is_baseline=system.is_baseline)
+        entry = Entry(system.value, is_baseline=system.is_baseline, **_seed_fields(system))
         if baseline is not None and baseline.status == STATUS_OK:
             comparison = paired_test(system.per_query, baseline.per_query, test)
-            entry = replace(entry, relative=relative_change(system.value, baseline.value), p_value=comparison.p_value)
+            uncertainty = compare_uncertainty(_by_seed(system), _by_seed(baseline), interval=ci)
+            interval = (uncertainty.interval.low, uncertainty.interval.high) if uncertainty.interval else None
+            relative_ci = (tuple(100.0 * x / baseline.value for x in interval)
+                           if interval is not None and baseline.value else None)
+            entry = replace(entry, relative=relative_change(system.value, baseline.value), p_value=comparison.p_value,
+                            raw_p_value=comparison.p_value, difference=uncertainty.difference, ci=interval,
+                            relative_ci=relative_ci, direction=uncertainty.direction, effect=uncertainty.effect)
             tested.append((id(system), comparison.p_value))
         entries[id(system)] = entry
-    adjusted = adjust_p_values([p for _, p in tested], correction)
-    for (key, _), p in zip(tested, adjusted):
+    if adjusted is not None:
+        by_id = {id(s): s for s in (targets if targets is not None else all_systems)}
+        corrected = [adjusted[by_id[key].label] for key, _ in tested]
+    else:
+        corrected = adjust_p_values([p for _, p in tested], correction)
+    for (key, _), p in zip(tested, corrected):
         entries[key] = replace(entries[key], p_value=p, level=significance_level(p))
     return entries
 
@@ -86,9 +184,62 @@ def mark_best(entries: list[Entry], digits: int) -> list[Entry]:
     return [replace(e, emphasis=marks.get(round(e.value, digits), "")) if e.value is not None else e for e in entries]
 
 
+def _corrected(options: TableOptions, num_tested: int, family: Family | None) -> str:
+    """The marker line's correction: ", Holm-corrected over 4 comparisons" (of the table) or
+    "... over the sweep's 12 comparisons"."""
+    if options.correction == "none":
+        return ""
+    method = CORRECTION_NAMES[options.correction].split(" (")[0]
+    if family is not None and family.scope == "sweep":
+        return f", {method}-corrected over the sweep's {family.size} comparisons"
+    return f", {method}-corrected over {num_tested} comparisons"
+
+
+_METHODS = {"none": "no correction (each comparison at its own level)",
+            "holm": "Holm's step-down correction (family-wise error rate)",
+            "bonferroni": "Bonferroni's correction (family-wise error rate)",
+            "bh": "Benjamini-Hochberg's correction (false discovery rate: a marker is a discovery at an FDR of 5% / 10%)"}
+
+
+def _comparisons(n: int) -> str:
+    return f"{n} comparison" + ("" if n == 1 else "s")
+
+
+def family_note(options: TableOptions, num_tested: int, family: Family | None, scope: str | None = None) -> str:
+    """The note naming the family of the correction, its size and the method (``scope``: what
+    the family is, when not a table of systems against their baselines)."""
+    what = DISPLAY_NAMES.get(options.metric, options.metric)
+    if scope is not None:
+        scope = f"{scope}: {_comparisons(num_tested)}"
+    elif family is not None and family.scope == "sweep":
+        scope = (f"the sweep: {_comparisons(family.size)} (each system against its baseline on {what}, on every collection "
+                 f"tested: {', '.join(family.collections)})")
+    else:
+        scope = f"this table: {_comparisons(num_tested)} (each system against its baseline)"
+    return f"Multiple comparisons: the family is {scope}; {_METHODS[options.correction]}."
+
+
+def _uncertainty_notes(options: TableOptions, num_tested: int, family: Family | None, entries, compared: bool = True) -> list[str]:
+    """The notes of the new options: the family (when asked about), the interval (``compared``:
+    the table compares with baselines), the seeds."""
+    notes = []
+    if compared and (options.family is not None or options.correction == "bh" or options.ci):
+        notes.append(family_note(options, num_tested, family))
+    seeds = sorted({e.seeds for e in entries if e.value is not None})
+    if compared and options.ci:
+        across = " and of the seeds" if seeds and seeds[-1] > 1 else ""
+        notes.append(f"[low, high]: 95% paired bootstrap interval of the difference against the baseline ({BOOTSTRAP_METHOD}, "
+                     f"{BOOTSTRAP_RESAMPLES:,} resamples of the queries{across}, seed {BOOTSTRAP_SEED}); won / tied / lost: "
+                     "queries better / equal / worse than the baseline; effect: mean difference / its standard deviation.")
+    if seeds and seeds[-1] > 1:
+        notes.append("± the standard deviation over a cell's seeds (" + ", ".join(str(n) for n in seeds) + " seeds); "
+                     "the value is their mean" + (", the test pairs the per-query means over seeds." if compared else "."))
+    return notes
+
+
 def _legend(options: TableOptions, num_tested: int, num_queries: int | None, collection: str,
-            has_baseline: bool = True) -> list[str]:
-    corrected = "" if options.correction == "none" else f", {options.correction.capitalize()}-corrected over {num_tested} comparisons"
+            has_baseline: bool = True, family: Family | None = None) -> list[str]:
+    corrected = _corrected(options, num_tested, family)
     queries = f" on {num_queries} queries" if num_queries else ""
     if not has_baseline:  # an EAR grid: its cells are not compared with a trained baseline
         return [f"{DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}{queries}; the grid has no baseline "
@@ -104,8 +255,22 @@ def _legend(options: TableOptions, num_tested: int, num_queries: int | None, col
     ]
 
 
+def table_family(results: SweepResults, options: TableOptions, family: Family | None = None) -> Family:
+    """The family the options ask for: the sweep's (computed once, or ``family``), else the table's."""
+    if options.family == "sweep":
+        return family if family is not None and family.scope == "sweep" else sweep_family(results, options)
+    return Family("table", options.correction)
+
+
+def family_p_values(family: Family, prefix: str) -> dict[str, float] | None:
+    """The sweep family's corrected p-values on ``prefix`` by system label (None: the table is the family)."""
+    if family.scope != "sweep":
+        return None
+    return {label: p for (where, label), p in family.adjusted.items() if where == prefix}
+
+
 def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[str, ...], cols: str,
-               options: TableOptions) -> Table:
+               options: TableOptions, family: Family | None = None) -> Table:
     """AUG Tables 1 and 3: rows are ``rows`` axes, columns the ``cols`` axis (then the other axes)."""
     for axis in (*rows, cols):
         if axis not in SYSTEM_AXES:
@@ -114,7 +279,9 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
         raise InputError("--cols", f"'{cols}' is already a row axis")
     rest = [a for a in SYSTEM_AXES if a not in rows and a != cols]
     all_systems = systems(results, options.metric, prefix)
-    entries = compare_with_baselines(all_systems, options.test, options.correction)
+    family = table_family(results, options, family)
+    entries = compare_with_baselines(all_systems, options.test, options.correction, ci=options.ci,
+                                     adjusted=family_p_values(family, prefix))
 
     def column_label(system: SystemResult) -> str:
         if system.is_baseline:
@@ -138,11 +305,12 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
     num_queries = next((len(s.per_query) for s in all_systems if s.per_query), None)
     num_tested = sum(1 for e in entries.values() if e.p_value is not None)
     has_baseline = any(s.is_baseline for s in all_systems)
-    legend = _legend(options, num_tested, num_queries, collection, has_baseline)
+    legend = _legend(options, num_tested, num_queries, collection, has_baseline, family)
     legend.append(f"{FIRST_STAGE_COLUMN}: " + ("the ranking every system re-ranks" if has_baseline else "BM25 alone") +
                   ", for reference (not compared, not marked).")
+    legend += _uncertainty_notes(options, num_tested, family, entries.values(), compared=has_baseline)
     return Table(f"{results.sweep.name}: {DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}",
-                 list(rows), [FIRST_STAGE_COLUMN, *columns], body, legend)
+                 list(rows), [FIRST_STAGE_COLUMN, *columns], body, legend, ci=options.ci, show_seeds=options.seeds)
 
 
 FIRST_STAGE_COLUMN = "BM25 (first stage)"
@@ -176,10 +344,11 @@ def select_system(candidates: list[SystemResult], select: dict[str, str]) -> Sys
     return max(finished, key=lambda s: s.validation, default=None)
 
 
-def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[str, str]) -> Table:
+def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[str, str], family: Family | None = None) -> Table:
     """AUG Table 4: collections as rows (the baseline beneath each), models as columns, an average row."""
     models = list(dict.fromkeys(c.axes["model"] for c in results.cells))
     targets = results.evaluation_targets()
+    family = table_family(results, options, family)
     body: list[tuple[list[str], list[Entry]]] = []
     per_model_values: dict[str, list[tuple[float | None, float | None]]] = {m: [] for m in models}
     chosen_labels = {}
@@ -196,7 +365,8 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
             chosen_labels[model] = chosen.label
             baseline = baseline_of(chosen, all_systems)
             shown = [chosen] + ([baseline] if baseline else [])
-            entries = compare_with_baselines(all_systems, options.test, "none", shown)  # corrected below
+            entries = compare_with_baselines(all_systems, options.test, "none", shown, ci=options.ci,
+                                             adjusted=family_p_values(family, prefix))  # the table's family: corrected below
             row.append(entries[id(chosen)])
             base_entry = entries[id(baseline)] if baseline else Entry(None, "missing")
             baseline_row.append(base_entry)
@@ -206,9 +376,10 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
     # Correct across every system-vs-baseline test of the table, as the grid table does.
     tested = [(r, i) for r, (_, row) in enumerate(body) for i, e in enumerate(row) if e.p_value is not None]
     num_tested = len(tested)
-    adjusted = adjust_p_values([body[r][1][i].p_value for r, i in tested], options.correction)
-    for (r, i), p in zip(tested, adjusted):
-        body[r][1][i] = replace(body[r][1][i], p_value=p, level=significance_level(p))
+    if family.scope == "table":
+        adjusted = adjust_p_values([body[r][1][i].p_value for r, i in tested], options.correction)
+        for (r, i), p in zip(tested, adjusted):
+            body[r][1][i] = replace(body[r][1][i], p_value=p, level=significance_level(p))
     average, baseline_average = [], []
     for model in models:
         pairs = per_model_values[model]
@@ -223,14 +394,15 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
         baseline_average.append(Entry(mean_baseline, is_baseline=True))
     body.append((["average"], average))
     body.append((["  baseline"], baseline_average))
-    notes = _legend(options, num_tested, None, "each collection")[:2]
+    notes = _legend(options, num_tested, None, "each collection", family=family)[:2]
     notes[0] = (f"{DISPLAY_NAMES.get(options.metric, options.metric)} of each model's selected system "
                 + ("(" + ", ".join(f"{k}={v}" for k, v in select.items()) + ")" if select
                    else "(best validation nDCG@10 among the largest training size)")
                 + ", with its baseline beneath; the average row has no significance test.")
     notes.append("systems: " + "; ".join(f"{m}: {label}" for m, label in chosen_labels.items()))
+    notes += _uncertainty_notes(options, num_tested, family, [e for _, row in body for e in row])
     return Table(f"{results.sweep.name}: zero-shot {DISPLAY_NAMES.get(options.metric, options.metric)}",
-                 ["collection"], models, body, notes)
+                 ["collection"], models, body, notes, ci=options.ci, show_seeds=options.seeds)
 
 
 def transfer_table(all_results: list[SweepResults], options: TableOptions, select: dict[str, str]) -> Table:
@@ -275,13 +447,48 @@ def _relative(entry: Entry) -> str:
     return f" ({_percent(entry.relative)}%)" if entry.relative is not None and not entry.is_baseline else ""
 
 
+def _spread(entry: Entry, digits: int) -> str:
+    return f" ± {entry.seed_std:.{digits}f}" if entry.seed_std is not None else ""
+
+
+def _interval(entry: Entry, digits: int) -> str:
+    return f"[{entry.ci[0]:+.{digits}f}, {entry.ci[1]:+.{digits}f}]" if entry.ci is not None else ""
+
+
+def _effect(entry: Entry) -> str:
+    return "-" if entry.effect is None else f"{entry.effect:+.2f}"
+
+
+def _blocks(table: Table, digits: int) -> list[tuple[str, list[str], list[list[str]]]]:
+    """What the options add beneath a table, as (title, header, rows): each comparison against
+    its baseline (``ci``) and each seed's value (``show_seeds``)."""
+    blocks = []
+    located = [(keys, column, entry) for keys, entries in table.rows for column, entry in zip(table.columns, entries)]
+    if table.ci:
+        rows = [keys + [column, f"{e.difference:+.{digits}f}", _interval(e, digits) or "-",
+                        f"{e.direction.won} / {e.direction.tied} / {e.direction.lost}", _effect(e),
+                        f"{e.p_value:.3g}"]
+                for keys, column, e in located if e.difference is not None and e.direction is not None]
+        if rows:
+            blocks.append(("Against the baseline", table.row_header + ["column", "difference", "95% interval",
+                                                                       "won / tied / lost", "effect", "p"], rows))
+    if table.show_seeds:
+        rows = [keys + [column, f"{e.value:.{digits}f}" + _spread(e, digits),
+                        ", ".join(f"{seed}: {value:.{digits}f}" for seed, value in e.per_seed)]
+                for keys, column, e in located if e.value is not None and e.per_seed]
+        if rows:
+            blocks.append(("Seeds", table.row_header + ["column", "mean ± std", "each seed"], rows))
+    return blocks
+
+
 def render_markdown(table: Table, digits: int = 4) -> str:
     def cell(entry: Entry) -> str:
         if entry.value is None:
             return _plain(entry, digits)
         text = _plain(entry, digits)
         text = f"**{text}**" if entry.emphasis == "best" else f"<u>{text}</u>" if entry.emphasis == "second" else text
-        return text + _relative(entry) + MARKERS.get(entry.level, "")
+        text += _spread(entry, digits) + _relative(entry) + MARKERS.get(entry.level, "")
+        return text + (f" {_interval(entry, digits)}" if table.ci and entry.ci is not None else "")
 
     header = table.row_header + table.columns
     lines = [f"**{table.title}**", "", "| " + " | ".join(header) + " |",
@@ -289,6 +496,9 @@ def render_markdown(table: Table, digits: int = 4) -> str:
     for keys, entries in table.rows:
         lines.append("| " + " | ".join(keys + [cell(e) for e in entries]) + " |")
     lines += [""] + [f"{note}  " for note in table.notes]
+    for title, block_header, block_rows in _blocks(table, digits):
+        lines += ["", f"{title}:", "", "| " + " | ".join(block_header) + " |", "|" + "|".join(["---"] * len(block_header)) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in block_rows]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -307,9 +517,12 @@ def render_latex(table: Table, digits: int = 4) -> str:
             return r"\textit{" + latex_escape(_plain(entry, digits)) + "}"
         text = _plain(entry, digits)
         text = r"\textbf{" + text + "}" if entry.emphasis == "best" else r"\underline{" + text + "}" if entry.emphasis == "second" else text
+        if entry.seed_std is not None:
+            text += r" {\small$\pm$" + f"{entry.seed_std:.{digits}f}" + "}"
         if entry.relative is not None and not entry.is_baseline:
             text += r" {\small(" + _percent(entry.relative) + r"\%)}"
-        return text + LATEX_MARKERS.get(entry.level, "")
+        text += LATEX_MARKERS.get(entry.level, "")
+        return text + (r" {\small" + _interval(entry, digits) + "}" if table.ci and entry.ci is not None else "")
 
     spec = "l" * len(table.row_header) + "r" * len(table.columns)
     lines = [f"% {latex_escape(table.title)}", r"\begin{tabular}{" + spec + "}", r"\toprule",
@@ -318,21 +531,45 @@ def render_latex(table: Table, digits: int = 4) -> str:
         lines.append(" & ".join([latex_escape(k) for k in keys] + [cell(e) for e in entries]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     lines += [f"% {latex_escape(note)}" for note in table.notes]
+    for title, block_header, block_rows in _blocks(table, digits):
+        lines += [f"% {latex_escape(table.title)}: {title.lower()}", r"\begin{tabular}{" + "l" * (len(table.row_header) + 1)
+                  + "r" * (len(block_header) - len(table.row_header) - 1) + "}", r"\toprule",
+                  " & ".join(latex_escape(h) for h in block_header) + r" \\", r"\midrule"]
+        lines += [" & ".join(latex_escape(c).replace("±", r"$\pm$") for c in row) + r" \\" for row in block_rows]
+        lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
 def render_csv(table: Table, digits: int = 4) -> str:
-    """One line per table entry, numbers unrounded, the state where there is no number."""
+    """One line per table entry, numbers unrounded, the state where there is no number.
+
+    With ``ci``: the difference against the baseline, its interval, won / tied / lost, the
+    effect size and the p-value before correction; with several seeds (or ``show_seeds``):
+    the seeds' count and standard deviation (and each seed's value, ``seed=value;...``)."""
+    def number(value) -> str:
+        return "" if value is None else repr(value)
+
+    seeded = table.show_seeds or any(e.seeds > 1 for _, entries in table.rows for e in entries)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(table.row_header + ["column", "status", "value", "relative_change_percent", "p_value",
-                                        "significant_at", "emphasis"])
+    header = table.row_header + ["column", "status", "value", "relative_change_percent", "p_value", "significant_at", "emphasis"]
+    if table.ci:
+        header += ["difference", "ci_low", "ci_high", "won", "tied", "lost", "effect_size", "p_value_uncorrected"]
+    if seeded:
+        header += ["seeds", "seed_std"] + (["seed_values"] if table.show_seeds else [])
+    writer.writerow(header)
     for keys, entries in table.rows:
         for column, entry in zip(table.columns, entries):
-            writer.writerow(keys + [column, entry.status, "" if entry.value is None else repr(entry.value),
-                                    "" if entry.relative is None else repr(entry.relative),
-                                    "" if entry.p_value is None else repr(entry.p_value),
-                                    "" if entry.level is None else f"{1 - entry.level:.0%}", entry.emphasis])
+            row = keys + [column, entry.status, number(entry.value), number(entry.relative), number(entry.p_value),
+                          "" if entry.level is None else f"{1 - entry.level:.0%}", entry.emphasis]
+            if table.ci:
+                d = entry.direction
+                row += [number(entry.difference), *(number(x) for x in (entry.ci or (None, None))),
+                        *(("", "", "") if d is None else (d.won, d.tied, d.lost)), number(entry.effect), number(entry.raw_p_value)]
+            if seeded:
+                row += [entry.seeds if entry.per_seed else "", number(entry.seed_std)]
+                row += [";".join(f"{seed}={value!r}" for seed, value in entry.per_seed)] if table.show_seeds else []
+            writer.writerow(row)
     return out.getvalue()
 
 

@@ -548,13 +548,23 @@ def sweep_file(sweep: SweepSpec) -> Path | None:
     return Path(sweep._source[0]).resolve() if sweep._source else None
 
 
-def check_owner(sweep: SweepSpec, recorded: str | None, where: str) -> bool:
+def check_owner(sweep: SweepSpec, recorded: str | None, where: str, homes: tuple[Path, Path] | None = None) -> bool:
     """Whether the store of this sweep's name belongs to this sweep's file. Another file that
     still exists owns it: one line, naming both. A recorded file that no longer exists (moved
-    or renamed) is taken over (returns True: record the new one)."""
+    or renamed) is taken over (returns True: record the new one). ``homes``: where the store
+    was when ``recorded`` was written, and where it is now; a store moved or copied since (an
+    rsync, ``cp -r`` of the project folder) belongs to the file at the same place beside it, the
+    original file elsewhere says nothing about the copy that is read."""
+    import os
+
     mine = sweep_file(sweep)
     if mine is None or recorded is None or Path(recorded) == mine:
         return recorded is None and mine is not None
+    if homes is not None and Path(homes[0]) != Path(homes[1]) and \
+            os.path.relpath(recorded, homes[0]) == os.path.relpath(mine, homes[1]):
+        logging.getLogger("rerank_lab.sweep").debug("sweep %s: %s was moved or copied from %s; it belongs to %s beside it",
+                                                   sweep.name, where, homes[0], mine)
+        return True
     if Path(recorded).exists():
         raise InputError(mine, f"sweep name '{sweep.name}' is already used in {where} by {recorded}: two sweep files of "
                                "one name would share cells, trials and reports; rename one (name:) or use another "

@@ -9,10 +9,12 @@
 - MLflow (written by the driver only, see :mod:`orchestrator.core.tracking`): one
   experiment per sweep, a sweep run, a run per cell and a run per trial, found again by
   identity on every rerun.
-- Before the cells, each distinct supervised selector (``linear``/``attention``
-  augmentation) is trained once with :func:`~orchestrator.core.lifecycle.ensure_requirement`
-  in the same Ray cluster, tracked as a ``selector`` run under the sweep run; a rerun
-  reuses a trained one and resumes a half-trained one.
+- Each distinct supervised selector (``linear``/``attention`` augmentation) is trained once
+  with :func:`~orchestrator.core.lifecycle.ensure_requirement` in the same Ray cluster, all
+  of them at once beside the search (each with its own resources), tracked as a ``selector``
+  run under the sweep run; a cell's trials wait only for its own selector, cells that need
+  none start at once, and a failed selector fails only its cells. A rerun reuses a trained
+  one and resumes a half-trained one.
 - After the search, each cell's winner is evaluated on every target with the lifecycle's
   :func:`~orchestrator.core.lifecycle.submit_evaluations` and
   :func:`~orchestrator.core.lifecycle.log_target` on the cell run, which is then FINISHED.
@@ -42,7 +44,7 @@ from orchestrator.core.lifecycle import (
     training_summary,
 )
 from orchestrator.core.tracking import Tracker, check_sqlite_file, mark_pruned
-from orchestrator.sweep.grid import Cell, SweepSpec, check_owner, check_targets, expand_grid, sweep_file
+from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, expand_grid, sweep_file
 from orchestrator.sweep.progress import SweepProgress
 from orchestrator.sweep.retention import checkpoint_disk_use, keep_winners
 from orchestrator.sweep.search import (
@@ -58,6 +60,7 @@ from orchestrator.sweep.search import (
     requeue_interrupted,
     stop_file,
 )
+from orchestrator.sweep.store import LOCK_FILE, claim_store, experiment_owner, record_owner, write_record
 from workloads.errors import InputError
 from workloads.logs import configure as configure_logging
 from workloads.logs import get_logger
@@ -261,8 +264,40 @@ def _sweep_trial(config: dict) -> None:
                      "final": 1, schema.CHECKPOINT_TAG: best.checkpoint})
 
 
+# What Ray's memory monitor says when it kills a worker because its node runs low on memory
+# (the raylet's message; ray.exceptions.OutOfMemoryError carries it): other processes' memory
+# counts too, so the same trial may well fit on a retry.
+MEMORY_MONITOR_MARKERS = ("running low on memory", "Memory on the node (IP:")
+
+
+def _failures(exc: BaseException):
+    """``exc`` and what it wraps: causes, Ray Train's per-worker failures, a controller's failure."""
+    seen, pending = set(), [exc]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        pending += [error.__cause__, error.__context__, getattr(error, "controller_failure", None)]
+        pending += list((getattr(error, "worker_failures", None) or {}).values())
+
+
+def _is_memory_monitor_kill(exc: BaseException) -> bool:
+    """A worker killed by Ray's memory monitor (retryable), not a step that does not fit."""
+    from ray.exceptions import OutOfMemoryError
+
+    return any(isinstance(error, OutOfMemoryError) or any(m in str(error) for m in MEMORY_MONITOR_MARKERS)
+               for error in _failures(exc))
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
+    """A deterministic out-of-memory: the trial's own allocation failed (``StepOutOfMemoryError``,
+    CUDA's, the host's ``MemoryError``), recorded as ``failure=oom`` and not retried. A worker
+    the memory monitor killed is not one: it raises, and Tune retries it (``max_failures``)."""
+    if _is_memory_monitor_kill(exc):
+        return False
+    text = "\n".join(f"{type(error).__name__}: {error}" for error in _failures(exc))
     return any(marker in text for marker in ("OutOfMemoryError", "CUDA out of memory", "MemoryError"))
 
 
@@ -339,15 +374,25 @@ def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStu
     return closed
 
 
-def _max_concurrent(sweep: SweepSpec, cells: list[Cell]) -> tuple[int, str]:
-    """Trials in flight at once, and why: ``search.max_concurrent_trials``, else what the
-    cluster holds at its largest (:func:`~orchestrator.core.execution.trial_capacity`, the
-    autoscaler's limits where there is one), for the most demanding cell's trial shape."""
-    from orchestrator.core.execution import trial_capacity
+def _max_concurrent(sweep: SweepSpec, cells: list[Cell], max_concurrent: int | None = None) -> tuple[int, str]:
+    """Trials in flight at once, and why: ``--max-concurrent`` (``max_concurrent``), else
+    ``search.max_concurrent_trials``, else what the cluster holds at its largest
+    (:func:`~orchestrator.core.execution.trial_capacity`, the autoscaler's limits where there is
+    one), for the most demanding cell's trial shape. Where the autoscaler's limits cannot be
+    read, the live nodes are no answer (GPU workers scaling from 0 are not live yet, and a sweep
+    capped at the nodes that are up never asks for more): one line asking for either setting."""
+    from orchestrator.core.execution import limits_unreadable, trial_capacity
 
-    if sweep.search.max_concurrent_trials:
-        return sweep.search.max_concurrent_trials, "search.max_concurrent_trials"
+    given = ((max_concurrent, "--max-concurrent") if max_concurrent else
+             (sweep.search.max_concurrent_trials, "search.max_concurrent_trials") if sweep.search.max_concurrent_trials else None)
+    if given:
+        unreadable = limits_unreadable()
+        return given if unreadable is None else (given[0], f"{given[1]}; the autoscaler's limits could not be read: {unreadable}")
     capacity = min((trial_capacity(cell.spec) for cell in _distinct_shapes(cells)), key=lambda c: c.trials)
+    if capacity.unreadable:
+        raise InputError(sweep_file(sweep) or sweep.name,
+                         f"the autoscaler's limits could not be read ({capacity.unreadable}): set search.max_concurrent_trials "
+                         "or pass --max-concurrent N (trials in flight at once)")
     return capacity.trials, capacity.source
 
 
@@ -404,30 +449,23 @@ def _noise_to(log_file: Path | None):
 # ----------------------------------------------------------------------------- the store: whose, and who runs it
 
 
-SWEEP_RECORD = "sweep.json"   # in <storage>/<sweep>: the sweep file this store belongs to
-LOCK_FILE = "sweep.lock"      # held (flock) by the process running the sweep; says which process
-
-
 def bind_store(sweep: SweepSpec, paths: SweepPaths, tracker: Tracker | None = None, experiment=None) -> None:
     """Check, then record, which sweep file the storage (and the MLflow experiment) belongs to."""
-    record = paths.root / SWEEP_RECORD
-    recorded = json.loads(record.read_text()).get("file") if record.exists() else None
-    if check_owner(sweep, recorded, str(paths.root)):
-        record.write_text(json.dumps({"name": sweep.name, "file": str(sweep_file(sweep))}, indent=1))
+    if record_owner(sweep, paths.root):
+        write_record(sweep, paths.root)
     if tracker is not None and experiment is not None:
-        if check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}"):
+        if experiment_owner(sweep, tracker, experiment):
             tracker.client.set_experiment_tag(experiment.experiment_id, schema.SWEEP_FILE_TAG, str(sweep_file(sweep)))
 
 
 def check_store_owner(sweep: SweepSpec, paths: SweepPaths, tracker: Tracker | None = None, experiment=None) -> None:
     """Read only: the storage and the MLflow experiment of this sweep's name belong to this
     sweep's file (or to none yet); another file's are one line (what ``status`` and ``reset``
-    check before they read or remove anything)."""
+    check before they read or remove anything). A store moved or copied with its sweep file
+    belongs to the file beside it (:func:`~orchestrator.sweep.grid.check_owner`)."""
     if tracker is not None and experiment is not None:
-        check_owner(sweep, experiment.tags.get(schema.SWEEP_FILE_TAG), f"MLflow experiment '{sweep.name}' of {tracker.uri}")
-    record = paths.root / SWEEP_RECORD
-    if record.exists():
-        check_owner(sweep, json.loads(record.read_text()).get("file"), str(paths.root))
+        experiment_owner(sweep, tracker, experiment)
+    record_owner(sweep, paths.root)
 
 
 @contextlib.contextmanager
@@ -438,7 +476,7 @@ def sweep_lock(paths: SweepPaths):
     import fcntl
     import socket
 
-    paths.root.mkdir(parents=True, exist_ok=True)
+    claim_store(paths.root, paths.root.name)  # never into a folder of the user's that has the sweep's name
     handle = open(paths.root / LOCK_FILE, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -462,7 +500,7 @@ def sweep_lock(paths: SweepPaths):
 
 
 def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_address: str | None = None,
-              verbose: bool = False) -> dict:
+              verbose: bool = False, max_concurrent: int | None = None) -> dict:
     """Run (or finish) the sweep; returns the dry-run report of the end state. Ctrl-C ends it
     within seconds: running trials stop and resume from their last checkpoint next time,
     nothing unfinished is marked finished, and :class:`Interrupted` says what is kept."""
@@ -477,7 +515,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
     paths = sweep_paths(sweep, storage_root)
     with sweep_lock(paths), interruptible() as interruption, _noise_to(None if verbose else paths.log_file):
         try:
-            return _run_sweep(sweep, tracker, paths, ray_address, verbose, interruption)
+            return _run_sweep(sweep, tracker, paths, ray_address, verbose, interruption, max_concurrent)
         finally:
             if ray.is_initialized():
                 ray.shutdown()
@@ -504,26 +542,94 @@ def _prepare_cells(sweep: SweepSpec, cells: list[Cell], prepared: dict) -> None:
         prepared[cell.key] = kind_of(variant).prepare(variant)  # cached: read back, nothing computed
 
 
-def _train_requirements(sweep: SweepSpec, cells: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
-                        ray_address: str | None) -> None:
-    """Each distinct required trial (a supervised selector, an EAR trial), trained once (tracked
-    under the sweep run) before the cells that need it."""
+def _start_requirements(sweep: SweepSpec, supervised: list[Cell], tracker: Tracker, experiment_id: str, paths: SweepPaths,
+                        ray_address: str | None, prepared: dict, cell_runs: dict[str, str], interruption) -> dict:
+    """Each distinct required trial (a supervised selector, an EAR trial) trained once, tracked
+    under the sweep run, all at once: each in a driver thread of its own, whose Ray Train
+    workers ask for that trial's own resources (MLflow is still written by this process only).
+    Once a cell's requirements are kept, its data is prepared (augmentations with the trained
+    selector) and its trials may start; cells that need none do not wait for any. Returns cell
+    key -> the Future the cell's trials wait for (its exception: why the cell cannot run)."""
+    import threading
+    from concurrent.futures import Future
+
     from orchestrator.core.execution import check_resources, init_ray
     from workloads.kinds import kind_of
 
-    required = requirements_needed([c.spec for c in cells])
+    required = requirements_needed([c.spec for c in supervised])
     if not required:
-        return
+        return {}
     root = tracker.sweep_run(experiment_id, sweep.name)
-    tracker.client.update_run(root, status="RUNNING")
     init_ray(ray_address)
     for each in required:  # an EAR trial has resources of its own: refused before anything waits forever
         check_resources(each)
+
+    def run(target, done: Future, *args) -> None:
+        try:
+            done.set_result(target(*args))
+        except BaseException as exc:  # the Future carries it to whoever waits
+            done.set_exception(exc)
+
+    def train(each) -> Path:
+        try:
+            return ensure_requirement(each, tracker, experiment_id, paths.ray_storage, ray_address,
+                                      tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name}, interrupted=interruption)
+        except BaseException as exc:
+            if not interruption.is_set():
+                log.error("%s %s failed: %s", kind_of(each).name, each.name, _last_line(exc))
+            raise
+
+    trained: dict[str, Future] = {}
     for number, each in enumerate(required, 1):
-        log.info("required trial %d/%d: %s %s (%s)", number, len(required), kind_of(each).name, each.name,
-                 requirement_run_key(each))
-        ensure_requirement(each, tracker, experiment_id, paths.ray_storage, ray_address,
-                           tags={schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name})
+        key = requirement_run_key(each)
+        log.info("required trial %d/%d: %s %s (%s), trained beside the others", number, len(required), kind_of(each).name,
+                 each.name, key)
+        trained[key] = Future()
+        threading.Thread(target=run, args=(train, trained[key], each), name=f"requirement-{number}", daemon=True).start()
+
+    preparing = threading.Lock()  # cells' data shares inputs (indexes, runs): built by one thread at a time
+
+    def prepare(users: list[Cell], needs: tuple[str, ...]) -> None:
+        for key in needs:
+            error = trained[key].exception()  # waits for it
+            if error is not None:
+                raise RuntimeError(f"its required trial {key} failed ({_last_line(error)}); "
+                                   "run the sweep again to retry it") from error
+        with preparing:
+            _prepare_cells(sweep, users, prepared)
+            _log_data_stats(tracker, cell_runs, users, prepared)
+
+    groups: dict[tuple[str, ...], list[Cell]] = {}
+    for cell in supervised:
+        groups.setdefault(tuple(_requirements_of(cell)), []).append(cell)
+    gates = {}
+    for needs, users in groups.items():
+        ready: Future = Future()
+        threading.Thread(target=run, args=(prepare, ready, users, needs), daemon=True).start()
+        gates |= {cell.key: ready for cell in users}
+    return gates
+
+
+def _last_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[-1]}" if text else type(error).__name__
+
+
+def _wait_for_requirements(gates: dict, interruption) -> None:
+    """Until every cell's requirements are kept or failed (the search may have ended without
+    them: nothing left to run); Ctrl-C raises here."""
+    from concurrent.futures import wait
+
+    pending = set(gates.values())
+    while pending and not interruption.is_set():
+        _, pending = wait(pending, timeout=1)
+
+
+def _log_data_stats(tracker: Tracker, cell_runs: dict[str, str], cells: list[Cell], prepared: dict) -> None:
+    for cell in cells:  # the cell's data, logged once
+        listed = tracker.run_artifacts(tracker.client.get_run(cell_runs[cell.key])).list_artifacts()
+        if not any(a.path == "data_stats.json" for a in listed):
+            tracker.log_json(cell_runs[cell.key], "", "data_stats.json", prepared[cell.key].data_stats)
 
 
 def stale_trials(tracker: Tracker, experiment_id: str, cells: list[Cell]) -> list[str]:
@@ -540,7 +646,7 @@ def stale_trials(tracker: Tracker, experiment_id: str, cells: list[Cell]) -> lis
 
 
 def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_address: str | None, verbose: bool,
-               interruption) -> dict:
+               interruption, max_concurrent: int | None = None) -> dict:
     from orchestrator.core.interrupts import Interrupted
     from workloads.kinds import kind_of
 
@@ -559,7 +665,8 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
                              f"the training data changed since {len(stale)} finished trial(s) of this sweep ran (e.g. "
                              f"{stale[0]}): they describe other data; start afresh with `orchestrate reset`, or rename "
                              "the sweep (name:)")
-    _check_cluster(sweep, cells, ray_address)  # a worker no node can hold would wait forever
+    # a worker no node can hold would wait forever; limits that cannot be read need a setting
+    concurrency = _check_cluster(sweep, cells, ray_address, max_concurrent)
     log.info("preparing data for %d cells", len(cells))
     for selector in requirements_needed([c.spec for c in cells]):
         kind_of(selector).prepare(selector)  # its data is known good before anything is written
@@ -573,7 +680,7 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     tracker.client.set_experiment_tag(experiment_id, schema.NOTE_TAG, experiment_description(sweep, cells))
     try:
         return _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, verbose, interruption,
-                                supervised, prepared)
+                                supervised, prepared, concurrency)
     except InputError as exc:
         # A problem found only now (a selector's data, a zero-shot target) leaves no run RUNNING
         # that nothing runs: `status` would count it as running forever.
@@ -609,15 +716,23 @@ def experiment_description(sweep: SweepSpec, cells: list[Cell]) -> str:
     ])
 
 
-def _check_cluster(sweep: SweepSpec, cells: list[Cell], ray_address: str | None) -> None:
+def _check_cluster(sweep: SweepSpec, cells: list[Cell], ray_address: str | None,
+                   max_concurrent: int | None = None) -> tuple[int, str]:
     """Every cell's workers fit on some node (of the live cluster, or of the autoscaler's node
-    types), checked before any data is prepared or any run is written."""
-    from orchestrator.core.execution import check_resources, init_ray
+    types), checked before any data is prepared or any run is written; returns the trials in
+    flight at once and why (:func:`_max_concurrent`, which refuses now where it cannot know)."""
+    from orchestrator.core.execution import check_resources, cluster_has_gpu, init_ray
 
     init_ray(ray_address)
     asks = {(c.spec.resources.cpus_per_worker, c.spec.resources.use_gpu): c.spec for c in cells}
     for spec in asks.values():  # one look at the cluster per distinct request, not per cell
         check_resources(spec)
+    concurrency = _max_concurrent(sweep, cells, max_concurrent)
+    if "could not be read" in concurrency[1]:
+        auto = any(c.spec.resources.use_gpu == "auto" for c in cells) and not cluster_has_gpu()
+        log.warning("up to %d trial(s) at a time from %s%s", *concurrency,
+                    "; use_gpu: auto sees no live GPU, so the trials ask for none (use_gpu: true asks regardless)" if auto else "")
+    return concurrency
 
 
 def close_open_runs(tracker: Tracker, experiment_id: str, error: InputError | None = None) -> int:
@@ -640,22 +755,21 @@ def close_open_runs(tracker: Tracker, experiment_id: str, error: InputError | No
 
 
 def _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, verbose, interruption, supervised,
-                     prepared) -> dict:
+                     prepared, concurrency: tuple[int, str] | None = None) -> dict:
     """Everything after the first MLflow write: selectors, cell runs, the search, the winners' tests."""
     from orchestrator.core.interrupts import Interrupted
 
-    _train_requirements(sweep, cells, tracker, experiment_id, paths, ray_address)
-    _prepare_cells(sweep, supervised, prepared)  # augmentations with the trained selectors
     cell_runs = _cell_runs(tracker, experiment_id, sweep, cells)
+    # the selectors (and EAR trials) train concurrently; their cells wait for them in the search
+    gates = _start_requirements(sweep, supervised, tracker, experiment_id, paths, ray_address, prepared, cell_runs,
+                                interruption)
     migrated = migrate_trial_axes(tracker, experiment_id, cell_runs)
     if migrated:
         log.info("%d trial run(s) of an earlier store now carry their cell's axis tags", migrated)
-    for cell in cells:  # the cell's data, logged once
-        listed = tracker.run_artifacts(tracker.client.get_run(cell_runs[cell.key])).list_artifacts()
-        if not any(a.path == "data_stats.json" for a in listed):
-            tracker.log_json(cell_runs[cell.key], "", "data_stats.json", prepared[cell.key].data_stats)
+    _log_data_stats(tracker, cell_runs, [c for c in cells if c not in supervised], prepared)
 
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url, interruption)
+    searcher.gates = gates
     closed = reconcile_trial_runs(tracker, experiment_id, searcher)
     if closed:
         log.info("%d trial run(s) left open by a killed driver were closed from their Optuna outcome", closed)
@@ -667,16 +781,28 @@ def _search_and_test(sweep, tracker, experiment_id, cells, paths, ray_address, v
                             sweep.search.trials_per_cell, enabled=not verbose)
     if remaining:
         _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose, searcher, display,
-                interruption, remaining)
+                interruption, remaining, concurrency)
+    _wait_for_requirements(gates, interruption)
     if interruption.is_set():
-        raise Interrupted(mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs))
+        summary = mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs)
+        close_open_runs(tracker, experiment_id)  # required trials still training: resumed next time
+        raise Interrupted(summary)
+    blocked = {key: gate.exception() for key, gate in gates.items() if gate.exception() is not None}
+    for cell in cells:  # a failed requirement fails its own cells only
+        if cell.key in blocked:
+            log.error("%s: not run, %s", cell.key, blocked[cell.key])
+            tracker.fail(cell_runs[cell.key], "requirement", blocked[cell.key])
+    tested = [c for c in cells if c.key not in blocked]
     try:
-        first_stage_validation = {cell.key: prepared[cell.key].first_stage_validation for cell in cells}
-        _evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, first_stage_validation)
+        first_stage_validation = {cell.key: prepared[cell.key].first_stage_validation for cell in tested}
+        _evaluate_winners(sweep, tracker, experiment_id, tested, cell_runs, paths, ray_address, first_stage_validation)
     except KeyboardInterrupt:
         raise Interrupted(mark_interrupted(tracker, experiment_id, sweep, searcher, cell_runs)) from None
     root = tracker.sweep_run(experiment_id, sweep.name)
     tracker.finish(root)  # every cell is FINISHED or FAILED now
+    from orchestrator.sweep.statistics import log_cell_statistics
+
+    log_cell_statistics(sweep, tracker, experiment_id)  # seeds' spread and intervals on the cell runs, for the UI
     log_default_report(sweep, tracker)
     return dry_run_report(sweep, paths)
 
@@ -698,7 +824,7 @@ class _InterruptStopper:
 
 
 def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose, searcher, display, interruption,
-            remaining) -> None:
+            remaining, concurrency: tuple[int, str] | None = None) -> None:
     """The Tune run of every remaining trial (one scheduling pool); returns early when interrupted."""
     import ray.tune
 
@@ -706,8 +832,8 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
     from orchestrator.sweep.trial_logger import MlflowTrialLogger
 
     init_ray(ray_address)
-    concurrent, why = _max_concurrent(sweep, cells)
-    log.info("%d trial(s) to run, up to %d at a time (%s)%s", remaining, concurrent, why,
+    concurrent, why = concurrency or _max_concurrent(sweep, cells)
+    log.info("%d trial(s) to run, up to %d at a time (%s)%s", remaining, concurrent, why.split(";")[0],
              "" if verbose else f"; Ray's own output goes to {paths.log_file}")
     display.concurrency = concurrent
     searcher.extra_config = {"storage": str(paths.ray_storage)}
@@ -716,6 +842,11 @@ def _search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address,
         # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
         # for a 1-CPU worker (a deadlock on 1-CPU nodes, one trial at a time on 2 CPUs).
         ray.tune.with_resources(_sweep_trial, {"cpu": 0, "memory": 64 * 1024**2}),
+        # Autoscaler demand: each trial in flight asks for its workers' CPUs and GPUs (Ray
+        # Train's placement group); a request no live node can hold stays pending, and pending
+        # requests are what Ray's autoscaler (v1, v2, KubeRay's) starts nodes for. So the cap
+        # is the cluster at its largest or a number the user set, never the live nodes: capped
+        # at those, no trial would ever wait and the cluster would never grow.
         # reuse_actors: the next trial runs in a finished trial's Tune process, which has
         # already imported Ray Train, torch and our modules; a fresh process per trial
         # cost ~4 s more per trial here (README "Performance", "Tune trial processes").

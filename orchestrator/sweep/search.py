@@ -153,16 +153,29 @@ class CellStudiesSearcher(Searcher):
         self.pruned: dict[str, int] = {}            # tune trial id -> the last epoch it trained (it stopped)
         self.epochs = {c.key: kind_of(c.spec).epochs(c.spec) for c in self.cells}
         self.extra_config: dict = {}                # run-time fields every trial gets (storage path)
+        # cell key -> a concurrent.futures.Future of what the cell needs first (its selector, its EAR
+        # trial, trained concurrently): the cell's trials start once it is done; a failed one, never
+        self.gates: dict = {}
         self._next = 0
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its searcher to save its experiment state; the gates are this process's
+        # Futures (which hold locks): a saved copy has nothing to wait for
+        return {**self.__dict__, "gates": {}}
 
     def remaining(self) -> int:
         return sum(max(0, self.search.trials_per_cell - finished_trials(s) - running_trials(s)) for s in self.studies.values())
 
     def suggest(self, trial_id: str):
+        waiting = False
         for offset in range(len(self.cells)):
             cell = self.cells[(self._next + offset) % len(self.cells)]
             study = self.studies[cell.key]
             if finished_trials(study) + running_trials(study) >= self.search.trials_per_cell:
+                continue
+            gate = self.gates.get(cell.key)
+            if gate is not None and not (gate.done() and gate.exception() is None):
+                waiting = waiting or not gate.done()  # a failed requirement: its cell is never served
                 continue
             # ask() hands out enqueued (interrupted, WAITING) trials first
             self._next = (self._next + offset + 1) % len(self.cells)
@@ -174,7 +187,7 @@ class CellStudiesSearcher(Searcher):
             return {"cell": cell.key, "kind": kind_of(spec).name, "axes": cell.axes, "tags": cell.tags,
                     "optuna_trial": trial.number, "train_run": train_run, "params": params,
                     "spec": spec.model_dump(mode="json"), **self.extra_config}
-        return Searcher.FINISHED if not self.live else None
+        return Searcher.FINISHED if not self.live and not waiting else None  # None: Tune asks again later
 
     DRAWS = 20  # samples tried before a finite space hands out an untried set itself
 

@@ -11,6 +11,8 @@ pytestmark = pytest.mark.slow
 # the sweep's driver once for all cells; a cell counts its trials.
 RUN_ONLY = {"time_prepare_seconds", "time_evaluation_seconds"}
 SWEEP_ONLY = {"trials_complete"}
+# a cell's statistics over its seeds and against its baseline (orchestrator.sweep.statistics): a sweep's alone
+SWEEP_STATISTICS = ("_seed_mean", "_seed_std", "_seeds", "_difference", "_ci_low", "_ci_high")
 
 
 def test_run_and_sweep_log_the_same_names(trial_run, failing_sweep):
@@ -31,6 +33,8 @@ def test_run_and_sweep_log_the_same_names(trial_run, failing_sweep):
     cell = next(r for r in by_kind(runs, "cell") if r.data.tags["loss"] == "pointwise" and r.info.status == "FINISHED")
     winner = client.get_run(cell.data.tags["rerank_lab.winner"])
     sweep_metrics = set(cell.data.metrics) | set(winner.data.metrics)
+    assert {"test_ndcg_at_10_seed_mean", "test_ndcg_at_10_seeds"} <= set(cell.data.metrics)
+    sweep_metrics = {name for name in sweep_metrics if not name.endswith(SWEEP_STATISTICS)}
     assert run_metrics - RUN_ONLY == sweep_metrics - SWEEP_ONLY
     expected = {"best_val_ndcg_at_10", "best_epoch", "val_ndcg_at_10", "val_cross_encoder_ndcg_at_10", "test_ndcg_at_10",
                 "test_cross_encoder_ndcg_at_10", "bm25_test_ndcg_at_10", "bm25_val_ndcg_at_10", "test_interpolation_weight",

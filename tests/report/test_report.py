@@ -301,3 +301,311 @@ def test_report_cli_bad_input_is_one_line_exit_2(store):
     assert proc.returncode == 2 and "run the sweep first" in proc.stderr
     proc = _cli(work, "compare", "abc", "def", "--tracking-uri", uri, "--json")
     assert proc.returncode == 2 and "no such MLflow run" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- golden: no new option, no change
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def _golden_cases(store):
+    """The tables whose output at 617b804 (before seeds, intervals and families) is in golden/."""
+    from orchestrator.report.robustness import robustness_table
+    from orchestrator.report.tables import TableOptions, grid_table, transfer_table, zero_shot_table
+    from tests.report.test_robustness import _reader
+
+    results = _results(store)
+    return {
+        "grid-default": grid_table(results, "test_", "scifact", ("model", "size"), "augmentation", TableOptions()),
+        "grid-holm": grid_table(results, "test_", "scifact", ("model", "size"), "augmentation", TableOptions(correction="holm")),
+        "grid-bonferroni-ap-loss": grid_table(results, "test_", "scifact", ("model", "augmentation"), "loss",
+                                              TableOptions(metric="ap", correction="bonferroni", digits=3)),
+        "grid-nfcorpus-wilcoxon": grid_table(results, "zs_nfcorpus_test_", "nfcorpus", ("model", "size"), "augmentation",
+                                             TableOptions(test="wilcoxon")),
+        "zero-shot-default": zero_shot_table(results, TableOptions(), {}),
+        "zero-shot-select-holm": zero_shot_table(results, TableOptions(correction="holm"),
+                                                 {"loss": "pointwise+scl", "augmentation": "bm25", "size": "100"}),
+        "transfer": transfer_table([results], TableOptions(), {"loss": "pointwise+ctriplet", "size": "100", "augmentation": "bm25"}),
+        "robustness": robustness_table(_reader(), [("mhl", "mhl"), ("mhl+tml", "tml"), ("not run", None)],
+                                       ["typo", "contraction"], "t"),
+    }
+
+
+def _golden(name: str) -> str:
+    with open(os.path.join(GOLDEN, name)) as f:
+        return f.read()
+
+
+def test_tables_without_the_new_options_are_unchanged(store):
+    """Every table, in every format, is what it was before seeds, intervals and families existed
+    (golden/ was written by this code at 617b804 on this fixture)."""
+    from orchestrator.report.tables import RENDERERS
+
+    for name, table in _golden_cases(store).items():
+        for fmt, render in RENDERERS.items():
+            assert render(table, 3 if "ap-loss" in name else 4) == _golden(f"{name}.{fmt}"), f"{name}.{fmt}"
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("cli-default", []),
+    ("cli-zero-shot-latex", ["--zero-shot", "--format", "latex", "--select", "loss=pointwise+scl,augmentation=bm25,size=100"]),
+    ("cli-csv-holm", ["--format", "csv", "--correction", "holm"]),
+])
+def test_report_cli_without_the_new_options_prints_what_it_printed(store, name, extra):
+    work, uri, *_ = store
+    out = work / f"golden-{name}"
+    proc = _cli(work, "report", str(work / "report-grid.yaml"), "--tracking-uri", uri, "--out", str(out), "--no-plots", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.replace(str(out), "<OUT>") == _golden(f"{name}.txt")
+
+
+# ----------------------------------------------------------------------------- seeds, intervals, families
+
+
+def _by_name(table, keys):
+    return dict(zip(table.columns, {tuple(k): e for k, e in table.rows}[keys]))
+
+
+def _relative(expected):
+    """Equal to 1e-9 of ``expected``: the p-values here are ~1e-25, below pytest.approx's absolute tolerance."""
+    return pytest.approx(expected, rel=1e-9, abs=0)
+
+
+def _raw_p_values(values):
+    """The fixture's four system-vs-baseline t-tests (test and nfcorpus; SCL and CTriplet at size 100)."""
+    from workloads.evaluation.significance import paired_test
+
+    out = {}
+    for loss in ("pointwise+scl", "pointwise+ctriplet"):
+        for target, queries in ((0, QUERIES), (1, ZS_QUERIES)):
+            system, base = values[(loss, "bm25", "100")][target], values[("pointwise", "none", "100")][target]
+            out[(loss, target)] = paired_test(dict(zip(queries, system)), dict(zip(queries, base))).p_value
+    return out
+
+
+def test_ci_entries_hold_the_bootstrap_interval_direction_and_effect(store):
+    from tests.workloads.test_statistics import _percentile_reference
+
+    *_, values = store
+    row = _by_name(_table(store, ci=True), ("tiny", "100"))
+    scl, ctriplet = row["bm25 / pointwise+scl"], row["bm25 / pointwise+ctriplet"]
+    d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]
+    assert scl.ci == pytest.approx(tuple(_percentile_reference(d)), abs=1e-12)
+    assert scl.difference == pytest.approx(d.mean()) and scl.effect == pytest.approx(d.mean() / d.std(ddof=1))
+    assert (scl.direction.won, scl.direction.tied, scl.direction.lost) == (int((d > 0).sum()), 0, int((d < 0).sum()))
+    assert (ctriplet.direction.won, ctriplet.direction.tied, ctriplet.direction.lost) == (20, 0, 20)  # +0.05, -0.05, ...
+    assert ctriplet.ci[0] < 0 < ctriplet.ci[1]
+    relative = row["bm25 / pointwise+scl"].relative_ci
+    base = float(np.mean(values[("pointwise", "none", "100")][0]))
+    assert relative == pytest.approx((100 * scl.ci[0] / base, 100 * scl.ci[1] / base))
+    assert _table(store).rows[0][1][2].ci is None  # intervals only when asked for
+
+
+def _family_size(note_text: str, scope: str) -> int:
+    match = re.search(rf"the family is {scope}: (\d+) comparisons", note_text)
+    assert match, note_text
+    return int(match.group(1))
+
+
+def test_the_family_size_printed_is_the_number_of_comparisons_made(store, monkeypatch):
+    import orchestrator.report.tables as tables
+    from orchestrator.report.tables import render_markdown
+
+    made = set()
+    original = tables.paired_test
+
+    def counting(a, b, *args, **kwargs):
+        made.add((tuple(sorted(a.items())), tuple(sorted(b.items()))))
+        return original(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(tables, "paired_test", counting)
+    sweep = render_markdown(_table(store, family="sweep", correction="holm"))
+    assert _family_size(sweep, "the sweep") == len(made) == 4  # SCL and CTriplet at size 100, on scifact and nfcorpus
+    assert "Holm-corrected over the sweep's 4 comparisons" in sweep
+    made.clear()
+    table = render_markdown(_table(store, family="table", correction="bonferroni"))
+    assert _family_size(table, "this table") == len(made) == 2
+    assert "Bonferroni's correction (family-wise error rate)" in table
+
+
+def test_sweep_family_corrects_every_table_over_all_comparisons(store):
+    from orchestrator.report.tables import TableOptions, zero_shot_table
+
+    *_, values = store
+    raw = _raw_p_values(values)
+    ordered = sorted(raw.values())
+    m = len(ordered)
+    # Benjamini-Hochberg by hand: m / rank * p, the running minimum from the largest
+    bh = {p: min(min(1.0, m / (j + 1) * ordered[j]) for j in range(i, m)) for i, p in enumerate(ordered)}
+    row = _by_name(_table(store, family="sweep", correction="bh"), ("tiny", "100"))
+    assert row["bm25 / pointwise+scl"].p_value == _relative(bh[raw[("pointwise+scl", 0)]])
+    assert row["bm25 / pointwise+scl"].raw_p_value == _relative(raw[("pointwise+scl", 0)])
+    # Holm: the sweep's 4 p-values are 0 (nfcorpus SCL: a constant gain), p, 1, 1: the second smallest times 3;
+    # in the table's family (p, 1) it is times 2
+    p = raw[("pointwise+scl", 0)]
+    assert sorted(raw.values())[:2] == [0.0, p]
+    holm = _by_name(_table(store, family="sweep", correction="holm"), ("tiny", "100"))["bm25 / pointwise+scl"]
+    assert holm.p_value == _relative(3 * p)
+    assert _by_name(_table(store, correction="holm"), ("tiny", "100"))["bm25 / pointwise+scl"].p_value == _relative(2 * p)
+    zero_shot = zero_shot_table(_results(store), TableOptions(family="sweep", correction="bh", ci=True),
+                                {"loss": "pointwise+scl", "augmentation": "bm25", "size": "100"})
+    rows = {keys[0]: entries[0] for keys, entries in zero_shot.rows}
+    assert rows["scifact"].p_value == _relative(bh[raw[("pointwise+scl", 0)]])
+    assert rows["nfcorpus"].p_value == _relative(bh[raw[("pointwise+scl", 1)]])
+    assert rows["nfcorpus"].ci == _relative((0.05, 0.05))  # a constant +0.05 on every query
+    assert any("the family is the sweep: 4 comparisons" in n for n in zero_shot.notes)
+
+
+def test_report_cli_ci_family_sweep_bh_prints_intervals_direction_and_the_family(store):
+    """The issue's 'done when': intervals, won/tied/lost and the family note, in every format."""
+    from tests.workloads.test_statistics import _percentile_reference
+
+    work, uri, *_, values = store
+    d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]
+    low, high = _percentile_reference(d)
+    interval = f"[{low:+.4f}, {high:+.4f}]"
+    proc = _cli(work, "report", str(work / "report-grid.yaml"), "--tracking-uri", uri, "--out", str(work / "ci"),
+                "--ci", "--family", "sweep", "--correction", "bh")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert f"**0.4700** (+19.9%)† {interval}" in out
+    assert f"| tiny | 100 | bm25 / pointwise+scl | {d.mean():+.4f} | {interval} | 40 / 0 / 0 |" in out
+    assert "| tiny | 100 | bm25 / pointwise+ctriplet | +0.0000 |" in out and "| 20 / 0 / 20 |" in out
+    assert "Benjamini-Hochberg-corrected over the sweep's 4 comparisons" in out
+    assert "the family is the sweep: 4 comparisons" in out and "false discovery rate" in out
+    records = list(csv.DictReader(io.StringIO((work / "ci" / "report-grid" / "table-ndcg_at_10-scifact.csv").read_text())))
+    scl = next(r for r in records if r["size"] == "100" and r["column"] == "bm25 / pointwise+scl")
+    assert float(scl["ci_low"]) == pytest.approx(low) and float(scl["ci_high"]) == pytest.approx(high)
+    assert (scl["won"], scl["tied"], scl["lost"]) == ("40", "0", "0")
+    assert float(scl["effect_size"]) == pytest.approx(d.mean() / d.std(ddof=1))
+    raw = _raw_p_values(values)
+    assert float(scl["p_value_uncorrected"]) == _relative(raw[("pointwise+scl", 0)])
+    assert float(scl["p_value"]) == _relative(2 * raw[("pointwise+scl", 0)])  # BH over the sweep's 4: p_(2) x 4 / 2
+    tex = (work / "ci" / "report-grid" / "table-ndcg_at_10-scifact.tex").read_text()
+    assert r"{\small" + interval + "}" in tex and tex.count(r"\begin{tabular}") == 2  # the table and its comparisons
+    proc = _cli(work, "report", str(work / "report-grid.yaml"), "--tracking-uri", uri, "--family", "whole", "--no-plots")
+    assert proc.returncode == 2 and "invalid choice: 'whole'" in proc.stderr
+
+
+def test_compare_always_shows_the_interval_direction_and_effect(store):
+    from orchestrator.report.compare import compare_runs, format_comparison
+    from tests.workloads.test_statistics import _percentile_reference
+
+    _, _, tracker, _, runs, cells, values = store
+    a = runs[cells[("pointwise", "none", "100")].key]
+    b = runs[cells[("pointwise+scl", "bm25", "100")].key]
+    result = compare_runs(tracker, a, b)
+    ndcg = next(m for m in result["measures"] if m["metric"] == "ndcg_at_10")
+    d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]  # B - A
+    assert (ndcg["ci_low"], ndcg["ci_high"]) == pytest.approx(tuple(_percentile_reference(d)), abs=1e-12)
+    assert (ndcg["won"], ndcg["tied"], ndcg["lost"]) == (40, 0, 0) and ndcg["ci_low"] > 0
+    assert ndcg["effect_size"] == pytest.approx(d.mean() / d.std(ddof=1), abs=1e-9)
+    text = format_comparison(result)
+    assert f"[{ndcg['ci_low']:+.4f}, {ndcg['ci_high']:+.4f}]" in text and "40/0/0" in text
+
+
+def test_relative_figure_draws_the_intervals_as_error_bars(store, tmp_path, monkeypatch):
+    import orchestrator.report.plots as plots
+    from orchestrator.report.results import systems
+    from orchestrator.report.tables import compare_with_baselines
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to look at its bars
+    all_systems = systems(_results(store), "ndcg_at_10", "test_")
+    for ci in (False, True):
+        entries = compare_with_baselines(all_systems, "t", "none", ci=ci)
+        plots.plot_relative_by_size(all_systems, entries, "tiny", "ndcg_at_10", "scifact", tmp_path / f"r{ci}.png")
+    bars = [[c for c in f.axes[0].containers if hasattr(c, "errorbar")] for f in figures]
+    assert all(c.errorbar is None for c in bars[0])
+    with_bars = [c for c in bars[1] if c.errorbar is not None]
+    assert len(with_bars) == 2  # SCL and CTriplet at size 100
+    scl = next(e for s, e in ((s, entries[id(s)]) for s in all_systems) if s.axes["loss"] == "pointwise+scl"
+               and s.axes["size"] == "100")
+    segments = with_bars[0].errorbar.lines[2][0].get_segments()
+    assert segments[0][:, 1] == pytest.approx(list(scl.relative_ci))  # from the interval's low to its high end
+
+
+TWO_SEEDS = {
+    "name": "two-seeds",
+    "base": {"data": {"collection": "beir/scifact"}},
+    "grid": {"models": ["tiny"], "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
+             "augmentations": [{"method": "bm25", "k": 2}], "sizes": [100], "seeds": [13, 14]},
+    "search": {"trials_per_cell": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+    """A sweep of two seeds: a baseline and an SCL system per seed, each seed its own values."""
+    from orchestrator.core.tracking import Tracker
+    from orchestrator.sweep.runner import _cell_runs
+
+    work = tmp_path_factory.mktemp("seeds")
+    tracker = Tracker(f"sqlite:///{work / 'mlflow.db'}")
+    sweep = SweepSpec.model_validate(TWO_SEEDS)
+    cells = {(c.axes["loss"], c.axes["seed"]): c for c in expand_grid(sweep)}
+    rng = np.random.default_rng(5)
+    difficulty = rng.uniform(0.2, 0.6, len(QUERIES))
+    values = {("pointwise", "13"): difficulty, ("pointwise", "14"): difficulty + 0.02,
+              ("pointwise+scl", "13"): difficulty + 0.05 + rng.normal(0, 0.03, len(QUERIES)),
+              ("pointwise+scl", "14"): difficulty + 0.01 + rng.normal(0, 0.03, len(QUERIES))}
+    runs = _cell_runs(tracker, tracker.experiment_id(sweep.name), sweep, list(cells.values()))
+    for key, test in values.items():
+        run_id = runs[cells[key].key]
+        tracker.log_evaluation(run_id, "test_", _evaluation(test, QUERIES))
+        tracker.log_metrics(run_id, {"best_val_ndcg_at_10": 0.4, "trials_complete": 1})
+        tracker.finish(run_id)
+    return tracker, sweep, runs, cells, values
+
+
+def test_a_cell_of_two_seeds_shows_their_mean_and_spread(two_seeds):
+    from orchestrator.report.results import load_sweep_results
+    from orchestrator.report.tables import TableOptions, grid_table, render_csv, render_markdown
+    from tests.workloads.test_statistics import _multi_reference
+
+    tracker, sweep, _, _, values = two_seeds
+    table = grid_table(load_sweep_results(sweep, tracker), "test_", "scifact", ("model", "size"), "augmentation",
+                       TableOptions(ci=True, seeds=True))
+    row = _by_name(table, ("tiny", "100"))
+    scl, base = row["bm25 / pointwise+scl"], row["baseline"]
+    m13, m14 = values[("pointwise+scl", "13")].mean(), values[("pointwise+scl", "14")].mean()
+    assert scl.value == pytest.approx((m13 + m14) / 2) and scl.seeds == 2
+    assert scl.seed_std == pytest.approx(abs(m13 - m14) / np.sqrt(2))  # the sample std of two numbers
+    assert base.seed_std == pytest.approx(0.02 / np.sqrt(2))
+    assert dict(scl.per_seed) == pytest.approx({"13": m13, "14": m14})
+    d = np.vstack([values[("pointwise+scl", s)] - values[("pointwise", s)] for s in ("13", "14")])  # seed by seed
+    assert scl.ci == pytest.approx(tuple(_multi_reference(d)), abs=1e-12)
+    md = render_markdown(table)
+    assert f"**{scl.value:.4f}** ± {scl.seed_std:.4f} (" in md and f"13: {m13:.4f}, 14: {m14:.4f}" in md
+    assert "resamples of the queries and of the seeds" in md and "(2 seeds)" in md
+    record = next(r for r in csv.DictReader(io.StringIO(render_csv(table))) if r["column"] == "bm25 / pointwise+scl")
+    assert record["seeds"] == "2" and float(record["seed_std"]) == pytest.approx(scl.seed_std)
+    assert record["seed_values"] == f"13={float(m13)!r};14={float(m14)!r}"
+    plain = grid_table(load_sweep_results(sweep, tracker), "test_", "scifact", ("model", "size"), "augmentation", TableOptions())
+    assert f"± {scl.seed_std:.4f}" in render_markdown(plain) and "each seed" not in render_markdown(plain)
+
+
+def test_a_sweep_logs_seeds_and_intervals_on_its_cell_runs(two_seeds):
+    """What the MLflow UI compares: on every cell run of a system, under the target's section."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.sweep.statistics import log_cell_statistics
+    from tests.workloads.test_statistics import _multi_reference
+
+    tracker, sweep, runs, cells, values = two_seeds
+    experiment = tracker.client.get_experiment_by_name(sweep.name).experiment_id
+    assert log_cell_statistics(sweep, tracker, experiment) == 4
+    raw = MlflowClient(tracker.uri)  # the names as stored
+    scl = raw.get_run(runs[cells[("pointwise+scl", "14")].key]).data.metrics
+    m13, m14 = values[("pointwise+scl", "13")].mean(), values[("pointwise+scl", "14")].mean()
+    assert scl["test/ndcg_at_10_seed_mean"] == pytest.approx((m13 + m14) / 2)
+    assert scl["test/ndcg_at_10_seed_std"] == pytest.approx(abs(m13 - m14) / np.sqrt(2))
+    assert scl["test/ndcg_at_10_seeds"] == 2
+    d = np.vstack([values[("pointwise+scl", s)] - values[("pointwise", s)] for s in ("13", "14")])
+    low, high = _multi_reference(d)
+    assert (scl["test/ndcg_at_10_ci_low"], scl["test/ndcg_at_10_ci_high"]) == pytest.approx((low, high), abs=1e-12)
+    assert scl["test/ndcg_at_10_difference"] == pytest.approx(d.mean())
+    assert raw.get_run(runs[cells[("pointwise+scl", "13")].key]).data.metrics["test/ndcg_at_10_ci_low"] == pytest.approx(low)
+    baseline = raw.get_run(runs[cells[("pointwise", "13")].key]).data.metrics
+    assert baseline["test/ndcg_at_10_seed_std"] == pytest.approx(0.02 / np.sqrt(2))
+    assert not any(k.endswith(("_ci_low", "_difference")) for k in baseline)  # a baseline is not compared with itself

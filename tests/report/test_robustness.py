@@ -117,3 +117,39 @@ def test_a_sweeps_robustness_rows_are_systems_with_their_seeds():
     assert [keys for keys, _ in table.rows] == [["m / mhl / none / full"]]  # tml waits for its second seed
     row = dict(zip(table.columns, table.rows[0][1]))
     assert row["clean AP"].value == pytest.approx(sum(_mean(CLEAN, SEED_14["mhl"]["test_"])["ap"].values()) / 4)
+
+
+def test_robustness_table_takes_the_correction_intervals_and_seeds():
+    """Holm over the table's perturbed-vs-clean comparisons, the interval of each perturbed-minus-
+    clean difference (seed by seed), and each seed's value."""
+    import re
+
+    import numpy as np
+
+    from orchestrator.report.tables import render_csv
+    from tests.workloads.test_statistics import _multi_reference, _percentile_reference
+    from workloads.evaluation.significance import adjust_p_values
+
+    plain = robustness_table(_reader(), [("mhl", "mhl"), ("mhl+tml", "tml")], ["typo", "contraction"], "t")
+    table = robustness_table(_reader(), [("mhl", "mhl"), ("mhl+tml", "tml")], ["typo", "contraction"], "t",
+                             correction="holm", ci=True)
+    raw = [e.p_value for _, entries in plain.rows for e in entries if e.p_value is not None]
+    corrected = [e.p_value for _, entries in table.rows for e in entries if e.p_value is not None]
+    assert len(raw) == 8 and corrected == pytest.approx(adjust_p_values(raw, "holm"))
+    family = next(n for n in table.notes if n.startswith("Multiple comparisons"))
+    assert int(re.search(r"(\d+) comparisons", family).group(1)) == len(raw) and "Holm" in family
+    typo = dict(zip(table.columns, table.rows[0][1]))["typo AP"]
+    d = np.array([TYPO["ap"][q] - CLEAN["ap"][q] for q in sorted(CLEAN["ap"])])
+    assert typo.ci == pytest.approx(tuple(_percentile_reference(d)), abs=1e-12)
+    assert (typo.direction.won, typo.direction.tied, typo.direction.lost) == (0, 1, 3)
+    assert "ci_low" in render_csv(table).splitlines()[0]
+    # two seeds: seed by seed against their own clean values; the spread of each column
+    reader = _Reader({"mhl-13": {"test_": CLEAN, "robust_typo_": TYPO}, "mhl-14": SEED_14["mhl"]})
+    seeded = robustness_table(reader, [("mhl", ["mhl-13", "mhl-14"])], ["typo"], "t", ci=True, show_seeds=True)
+    row = dict(zip(seeded.columns, seeded.rows[0][1]))
+    means = [sum(v["ap"].values()) / 4 for v in (CLEAN, SEED_14["mhl"]["test_"])]
+    assert row["clean AP"].seed_std == pytest.approx(abs(means[0] - means[1]) / np.sqrt(2))
+    d = np.array([[run["robust_typo_"]["ap"][q] - run["test_"]["ap"][q] for q in sorted(CLEAN["ap"])]
+                  for run in ({"test_": CLEAN, "robust_typo_": TYPO}, SEED_14["mhl"])])
+    assert row["typo AP"].ci == pytest.approx(tuple(_multi_reference(d)), abs=1e-12)
+    assert "each seed" in render_markdown(seeded)

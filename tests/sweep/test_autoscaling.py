@@ -225,3 +225,117 @@ def test_doc19_on_cluster_yaml_runs_eight_trials_at_once_though_no_gpu_node_is_u
     capacity = execution.trial_capacity(cell.spec)
     assert (capacity.trials, capacity.source) == (8, "the autoscaler's limits: 8 x gpu_worker")
     execution.check_resources(cell.spec)  # a g5.xlarge holds a 4-CPU, 1-GPU worker: no refusal
+
+
+class _Process:
+    def __init__(self, *command: str):
+        self.info = {"cmdline": list(command)}
+
+    def cwd(self) -> str:
+        return "/"
+
+
+def test_limits_that_cannot_be_read_are_said_and_never_taken_for_the_live_nodes(monkeypatch, tmp_path):
+    """KubeRay (the head runs no monitor: its autoscaler has a container of its own), a driver
+    off the head, Ray Client: the limits are unknown. The GPU workers scale from 0, so the live
+    cluster has no GPU: no "no GPU" refusal, one line asking for a setting, and the setting
+    (search.max_concurrent_trials, or --max-concurrent over it) is the concurrency."""
+    # isort: off
+    import ray  # first: psutil is Ray's vendored copy (on the path once ray is imported)
+    import psutil
+    # isort: on
+
+    from orchestrator.core import execution
+    from orchestrator.sweep import runner
+    from orchestrator.sweep.grid import expand_grid, load_sweep
+    from workloads.errors import InputError
+
+    monkeypatch.setattr("ray.get_runtime_context", lambda: type("Context", (), {"gcs_address": "10.0.0.1:6379"})())
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump({"available_node_types": {"gpu": {"resources": {"GPU": 1}, "max_workers": 3}}}))
+    v2 = "/ray/autoscaler/v2/monitor.py"
+    for processes, expected in [
+        # autoscaler v2 started by `ray start --autoscaling-config` (RAY_enable_autoscaler_v2=1): its cluster file
+        ([_Process("python", v2, "--gcs-address=10.0.0.1:6379", f"--autoscaling-config={cluster_file}")],
+         {"available_node_types": {"gpu": {"resources": {"GPU": 1}, "max_workers": 3}}}),
+        # the head's monitor without a cluster file: no autoscaler at all (a local Ray, a fixed cluster)
+        ([_Process("python", "/ray/autoscaler/_private/monitor.py", "--gcs-address=10.0.0.1:6379")], {}),
+        # another cluster's monitor, the log monitor: nothing of this cluster's here
+        ([_Process("python", v2, "--gcs-address=10.0.0.1:6380"),
+          _Process("python", "/ray/_private/log_monitor.py", "--gcs-address=10.0.0.1:6379")], None)]:
+        monkeypatch.setattr(psutil, "process_iter", lambda attrs, found=processes: iter(found))
+        config = execution._monitor_cluster_file()
+        if expected is None:
+            assert set(config) == {execution.UNREADABLE} and "no autoscaler process" in config[execution.UNREADABLE]
+        else:
+            assert config == expected
+    monkeypatch.setattr(execution, "_reported_node_groups", lambda: {})
+    monkeypatch.setattr(execution, "_monitor_cluster_file", lambda: {})
+    monkeypatch.setattr(execution, "_ray_client", lambda: True)
+    assert "Ray Client" in execution.limits_unreadable()
+    monkeypatch.setattr(execution, "_ray_client", lambda: False)
+    assert execution.limits_unreadable() is None
+
+    # doc19 (use_gpu: true) on a cluster whose GPU workers scale from 0 and whose limits cannot be read
+    head = {"Alive": True, "Resources": {"CPU": 8.0, "memory": 1e10, "node:__internal_head__": 1.0}}
+    monkeypatch.setattr(ray, "nodes", lambda: [head])
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    why = "no autoscaler process of this cluster on this machine"
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: {execution.UNREADABLE: why})
+    sweep = load_sweep(REPO / "search_spaces" / "doc19.yaml")
+    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    execution.check_resources(cells[0].spec)  # not "has no GPU": that would be a guess
+    capacity = execution.trial_capacity(cells[0].spec)
+    assert capacity.unreadable == why and capacity.trials == 1  # the live nodes' number, flagged: never run on
+    with pytest.raises(InputError) as refused:
+        runner._max_concurrent(sweep, cells)
+    line = str(refused.value)
+    assert "\n" not in line and why in line and "search.max_concurrent_trials" in line and "--max-concurrent" in line
+    assert "no GPU" not in line
+    capped = sweep.model_copy(update={"search": sweep.search.model_copy(update={"max_concurrent_trials": 6})})
+    assert runner._max_concurrent(capped, cells) == (
+        6, f"search.max_concurrent_trials; the autoscaler's limits could not be read: {why}")
+    assert runner._max_concurrent(capped, cells, 3) == (3, f"--max-concurrent; the autoscaler's limits could not be read: {why}")
+    # the limits read: the flag still wins, with nothing to say about them
+    monkeypatch.setattr(execution, "_autoscaling_config", lambda: yaml.safe_load((REPO / "cluster.yaml").read_text()))
+    assert runner._max_concurrent(capped, cells, 3) == (3, "--max-concurrent")
+    assert runner._max_concurrent(sweep, cells) == (8, "the autoscaler's limits: 8 x gpu_worker")
+
+
+@pytest.mark.slow
+def test_a_head_whose_autoscaler_is_out_of_reach_asks_for_a_setting_then_runs_at_it(tmp_path, tiny_model_dir, scifact_dir,
+                                                                                    monkeypatch):
+    """KubeRay's head as the driver sees it: `ray start --head --no-monitor` (the autoscaler runs
+    elsewhere). Without a setting the sweep refuses in one line before anything is written;
+    with --max-concurrent 2 it runs two trials at a time and says the limits were not read."""
+    import pickle
+
+    port = free_port()
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # loopback only (see test_cluster.two_node_cluster)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    head = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=2",
+                           "--no-monitor", "--dashboard-host=127.0.0.1", "--dashboard-port", str(free_port()),
+                           "--disable-usage-stats"], capture_output=True, text=True, env=env)
+    assert head.returncode == 0, head.stderr[-2000:]
+    try:
+        spec = sweep_yaml(tmp_path / "unread.yaml", tiny_model_dir, "tiny-unread", [{"ranking": "pointwise", "contrastive": "scl"}])
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        common = ["--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "store"), "--tracking-uri", uri]
+        refused = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), *common],
+                                 capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        said = [line for line in refused.stderr.splitlines() if "could not be read" in line]
+        assert len(said) == 1 and "no autoscaler process" in said[0] and "--max-concurrent" in said[0], refused.stderr[-3000:]
+        assert "Traceback" not in refused.stderr and not mlflow_runs(uri, "tiny-unread")[1]
+        ran = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--json", "--verbose",
+                              "--max-concurrent", "2", *common], capture_output=True, text=True, cwd=tmp_path, timeout=1500)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        said = [line for line in ran.stderr.splitlines() if "could not be read" in line]
+        assert len(said) == 1 and "up to 2 trial(s) at a time from --max-concurrent; the autoscaler's limits could not be read" \
+            in said[0] and "use_gpu: auto sees no live GPU" in said[0], ran.stderr[-3000:]
+        assert "up to 2 at a time (--max-concurrent)" in ran.stderr
+        assert json.loads(ran.stdout)["trials_to_run"] == 0
+        tuners = list((tmp_path / "store" / "tiny-unread" / "ray").glob("tune-*/tuner.pkl"))
+        assert [pickle.loads(t.read_bytes())["_tune_config"].max_concurrent_trials for t in tuners] == [2]
+    finally:
+        stop_cluster(port)

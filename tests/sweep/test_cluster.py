@@ -27,12 +27,16 @@ def test_cluster_yaml_validates_against_rays_schema():
     gpu = config["available_node_types"]["gpu_worker"]
     assert gpu["min_workers"] == 0 and gpu["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
     assert gpu["resources"] == {"CPU": 4, "GPU": 1}  # what trial_capacity and check_resources read: 8 doc19 trials at once
-    assert any("pip install" in c and "-e" in c and "python3.11 -m venv" in c for c in config["setup_commands"])
-    assert any("mlflow server" in c for c in config["head_setup_commands"])
-    shared = " ".join(config["setup_commands"])  # downloads and the cache once, on the volume every node mounts
+    # every node set up by cluster/node-setup.sh (tests/cluster/ test the services, the bootstrap and the guard)
+    assert any("cluster/node-setup.sh head" in c for c in config["head_setup_commands"])
+    assert any("cluster/node-setup.sh worker" in c for c in config["worker_setup_commands"])
+    assert any("service.sh start mlflow" in c for c in config["head_start_ray_commands"])
+    setup = (REPO / "cluster" / "node-setup.sh").read_text()
+    assert "python3.11 -m venv .venv" in setup and "pip install -q -e" in setup
+    shared = "\n".join(line for line in setup.splitlines() if line.startswith("export "))  # downloads and the cache on the shared volume
     for variable in ("HF_HOME", "IR_DATASETS_HOME", "ORCHESTRATE_CACHE_DIR", "ANSERINI_INDEX_CACHE"):
-        assert f"{variable}=/mnt/shared/" in shared
-    assert any("torch.cuda.is_available()" in c for c in config["worker_setup_commands"])
+        assert f"{variable}=$shared/" in shared
+    assert 'gpu-check.sh" torch' in setup and "torch.cuda.is_available()" in (REPO / "cluster" / "gpu-check.sh").read_text()
 
 
 def test_the_local_autoscaling_cluster_file_validates_too():

@@ -70,3 +70,27 @@ def test_an_interrupted_trial_is_asked_again_with_its_parameters(tmp_path):
     again = CellStudiesSearcher([cell], sweep.search, url).suggest("t1")
     assert again["params"] == config["params"] and again["train_run"] == config["train_run"]
     assert study.trials[-1].user_attrs[TRAIN_RUN] == config["train_run"]
+
+
+def test_a_cell_waits_only_for_its_own_requirement(tmp_path):
+    """A gated cell (its selector training) is not served while its gate is pending; the other cell
+    is; the searcher is not finished while a gate is pending, and a failed gate ends its cell unserved."""
+    import pickle
+    from concurrent.futures import Future
+
+    sweep = SweepSpec.model_validate({**SWEEP, "search": {**SWEEP["search"], "trials_per_cell": 1},
+                                      "grid": {**SWEEP["grid"], "augmentations": [{"method": "bm25"}, {"method": "random"}]}})
+    free, gated = [c for c in expand_grid(sweep) if not c.is_baseline][:2]
+    searcher = CellStudiesSearcher([gated, free], sweep.search, f"sqlite:///{tmp_path / 'optuna.db'}")
+    gate = Future()
+    searcher.gates = {gated.key: gate}
+    assert searcher.suggest("t0")["cell"] == free.key  # the gated cell comes first in round-robin order
+    searcher.on_trial_complete("t0", {"val_ndcg_at_10": 0.5})
+    assert searcher.suggest("t1") is None  # nothing to serve now, but the gated cell will come: not FINISHED
+    assert pickle.loads(pickle.dumps(searcher)).gates == {}  # Tune saves its searcher: the Futures stay here
+    gate.set_exception(RuntimeError("its required trial failed"))
+    assert searcher.suggest("t2") == "FINISHED"
+    ready = Future()
+    ready.set_result(None)
+    searcher.gates = {gated.key: ready}
+    assert searcher.suggest("t3")["cell"] == gated.key

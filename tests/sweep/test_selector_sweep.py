@@ -63,3 +63,28 @@ def test_shared_selector_trained_once_and_resumed_after_sigkill(tmp_path, tiny_m
     assert report.returncode == 0, report.stderr[-2000:]
     row = next(line for line in report.stdout.splitlines() if line.startswith(f"| {selector.info.run_name} |"))
     assert f"{selector.data.metrics['test_ndcg_at_10']:.4f}" in row and "FINISHED" in row
+
+
+def test_selectors_train_concurrently_beside_a_cell_that_needs_none(tmp_path, tiny_model_dir, scifact_dir):
+    """Two selectors train at the same time (their runs overlap), while the cell without a
+    selector runs its trial meanwhile (it starts before either selector ends)."""
+    spec = sweep_yaml(tmp_path / "two.yaml", tiny_model_dir, "two-selectors", [{"ranking": "pointwise"}])
+    config = yaml.safe_load(spec.read_text())
+    selector = {"epochs": 2, "patience": 2, "warmup_steps": 0, "batch_size": 8, "learning_rate": 1e-3}
+    config["grid"]["augmentations"] = [{"method": "none"},
+                                       {"method": "linear", "k": 1, "selector": {"k": 2, **selector}},
+                                       {"method": "linear", "k": 1, "selector": {"k": 3, **selector}}]
+    config["base"]["resources"]["cpus_per_worker"] = 0.5  # two selectors and a trial fit a 2-CPU machine
+    config["search"]["trials_per_cell"] = 1
+    spec.write_text(yaml.safe_dump(config))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = orchestrate(tmp_path, "sweep", str(spec), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, runs = mlflow_runs(uri, "two-selectors")
+    assert all(r.info.status == "FINISHED" for r in runs)
+    selectors = by_kind(runs, "selector")
+    assert len(selectors) == 2
+    assert max(r.info.start_time for r in selectors) < min(r.info.end_time for r in selectors)  # trained at once
+    unaugmented = [r for r in by_kind(runs, "trial") if r.data.tags.get("augmentation") == "none"]
+    assert len(unaugmented) == 1 and len(by_kind(runs, "trial")) == 3
+    assert unaugmented[0].info.start_time < min(r.info.end_time for r in selectors)  # it did not wait for them

@@ -105,7 +105,7 @@ import ray
 from orchestrator.core.execution import init_ray
 from orchestrator.sweep import runner
 
-def sweep_body(sweep, tracker, paths, ray_address, verbose, interruption):
+def sweep_body(sweep, tracker, paths, ray_address, verbose, interruption, max_concurrent=None):
     init_ray(None, num_cpus=1)
 
     @ray.remote(num_cpus=0)
@@ -249,6 +249,11 @@ def test_doc19_dry_run_counts():
     largest = max(estimate["cells"], key=lambda c: c["hours"])
     assert largest["axes"]["size"] == "100000" and largest["train_pairs"] == 100000 * 2 * 2  # augmented, 2 epochs
     assert "device-hours on a10g" in human.stdout and "assumption: A10G" in human.stdout
+    # each profile says whether it is measured or assumed, and the estimate's low-high range
+    low, high = estimate["device_hours_range"]
+    assert estimate["profile"]["status"] == "assumed" and low < estimate["device_hours"] < high
+    assert "device-hours on a10g, assumed, range " in human.stdout
+    assert "a10g (assumed)" in human.stdout and "h100 (measured)" in human.stdout
 
 
 def test_demo_sweep_loads():
@@ -273,6 +278,11 @@ def test_report_of_the_finished_sweep(failing_sweep):
     assert float(rows["baseline"]["value"]) == pytest.approx(baseline, abs=1e-12)
     scl = finished[("pointwise+scl", "bm25")].data.metrics["test_ndcg_at_10"]
     assert float(rows["bm25 / pointwise+scl"]["value"]) == pytest.approx(scl, abs=1e-12)
+    # the sweep logged the cell's seeds and its interval against the baseline (orchestrator.sweep.statistics)
+    logged = finished[("pointwise+scl", "bm25")].data.metrics
+    assert logged["test_ndcg_at_10_seeds"] == 1 and logged["test_ndcg_at_10_seed_mean"] == pytest.approx(scl)
+    assert logged["test_ndcg_at_10_difference"] == pytest.approx(scl - baseline, abs=1e-12)
+    assert logged["test_ndcg_at_10_ci_low"] <= scl - baseline + 1e-12 <= logged["test_ndcg_at_10_ci_high"] + 2e-12
     assert rows["bm25 / pointwise+ctriplet"]["status"] == "failed" and rows["bm25 / pointwise+ctriplet"]["value"] == ""
     assert len(list((work / "reports" / "tiny-fail").glob("*.png"))) == 2
     markdown = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--no-plots")
@@ -330,15 +340,32 @@ def test_ui_links_land_on_the_sweep_and_compare_its_cells(failing_sweep):
 
 
 def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
-    """`orchestrate ui FILE` in headless Chromium: the cells' comparison lists the grid axes and
-    the searched hyper-parameters as parameters and plots a test measure; the screenshot stays
-    in the test's temporary directory."""
+    """`orchestrate ui FILE` in headless Chromium, every link it prints: the experiment's page
+    lists the sweep run; the cells' list shows every cell run (the failed one too) and nothing
+    else; the cells' comparison lists the grid axes and the searched hyper-parameters as
+    parameters and plots a test measure; the screenshots stay in the test's temporary directory."""
     from tests.helpers import chromium_driver, free_port, serve_ui
 
     work, spec, uri, *_ = failing_sweep
+    _, runs = mlflow_runs(uri, "tiny-fail")
+    names = {r.info.run_name for r in runs}
+    cell_names = {r.info.run_name for r in by_kind(runs, "cell")}
+    assert len(cell_names) == 3 and len(by_kind(runs, "sweep")) == 1  # one of them failed
     with serve_ui(work, spec, uri, free_port()) as links:
+        assert set(links) == {"experiment", "cells", "compare the tested cells"}, links
         driver = chromium_driver()
         try:
+            # each link loaded afresh (the UI is one page: a new address that differs only after
+            # '#' would show the last list until the new one has loaded)
+            driver.get("about:blank")
+            driver.get(links["experiment"])
+            wait_for_rows(driver, names, {"sweep tiny-fail"})  # top level: the sweep run, its cells folded
+            driver.save_screenshot(str(tmp_path / "experiment.png"))
+            driver.get("about:blank")
+            driver.get(links["cells"])
+            wait_for_rows(driver, names, cell_names)  # every cell (the failed one too), nothing else
+            driver.save_screenshot(str(tmp_path / "cells.png"))
+            driver.get("about:blank")
             driver.get(links["compare the tested cells"])
             plotted = wait_for_text(driver, "test/ndcg_at_10", selector="svg text")
             page = driver.find_element("tag name", "body").text
@@ -352,6 +379,21 @@ def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
     assert "test/ndcg_at_10" in plotted  # the parallel coordinates' metric axis
     assert {"lambda", "learning_rate", "loss"} & set(plotted)  # and hyper-parameter axes beside it
     assert (tmp_path / "compare-cells.png").stat().st_size > 10_000
+
+
+def wait_for_rows(driver, names: set[str], expected: set[str], timeout: float = 90) -> None:
+    """Until the run table lists exactly the runs ``expected`` of the experiment's run ``names``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = driver.execute_script("return Array.from(document.querySelectorAll('[role=row]')).map(e => e.innerText)")
+        listed = {line for row in rows for line in row.split("\n") if line in names}
+        if listed == expected:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the run table lists {sorted(listed)} after {timeout:.0f} s, not {sorted(expected)}")
+        time.sleep(0.5)
 
 
 def wait_for_text(driver, text: str, selector: str, timeout: float = 60) -> list[str]:

@@ -11,8 +11,13 @@ measure. The tests are scipy's; a result is marked significant at 95% (p < 0.05)
   mean difference (``scipy.stats.permutation_test``, 10,000 resamples, seeded), as
   recommended for IR by Smucker, Allan and Carterette (CIKM 2007).
 
-Holm and Bonferroni corrections are written here because scipy has neither (only FDR
-control) and statsmodels would be a dependency for ten lines.
+Multiple comparisons (:func:`adjust_p_values`): Holm (1979) and Bonferroni control the
+family-wise error rate, Benjamini-Hochberg (1995) the false discovery rate
+(``scipy.stats.false_discovery_control``). Holm and Bonferroni are written here, not taken
+from statsmodels' ``multipletests``: scipy has neither, each is a few lines, and statsmodels
+(with patsy) would be a dependency of every Ray worker for them; they are tested against the
+published worked example of Benjamini and Hochberg (1995), as BH is
+(tests/workloads/test_statistics.py).
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import numpy as np
 from scipy import stats
 
 PairedTest = Literal["t", "wilcoxon", "randomization"]
-Correction = Literal["none", "holm", "bonferroni"]
+Correction = Literal["none", "holm", "bonferroni", "bh"]
 PAIRED_TESTS: tuple[str, ...] = ("t", "wilcoxon", "randomization")
-CORRECTIONS: tuple[str, ...] = ("none", "holm", "bonferroni")
+CORRECTIONS: tuple[str, ...] = ("none", "holm", "bonferroni", "bh")
+CORRECTION_NAMES = {"none": "not corrected", "holm": "Holm", "bonferroni": "Bonferroni",
+                    "bh": "Benjamini-Hochberg (false discovery rate)"}
 TEST_NAMES = {"t": "paired two-sided t-test", "wilcoxon": "two-sided Wilcoxon signed-rank test",
               "randomization": "two-sided Fisher's paired randomization test (10,000 permutations)"}
 LEVELS = (0.05, 0.10)  # 95% and 90%
@@ -101,10 +108,12 @@ def paired_test(a: dict[str, float], b: dict[str, float], test: PairedTest = "t"
 
 
 def adjust_p_values(p_values: list[float], correction: Correction = "none") -> list[float]:
-    """Family-wise corrected p-values, in input order.
+    """Corrected p-values of one family of comparisons, in input order.
 
     Holm (1979): sort ascending, multiply the i-th smallest (0-based) by m - i, take the
-    running maximum, cap at 1. Bonferroni: m * p, capped at 1.
+    running maximum, cap at 1. Bonferroni: m * p, capped at 1. BH: Benjamini-Hochberg's
+    adjusted p-values (``scipy.stats.false_discovery_control``): a comparison with adjusted
+    p < q is a discovery at false discovery rate q.
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"unknown correction '{correction}' (choose from {', '.join(CORRECTIONS)})")
@@ -113,6 +122,8 @@ def adjust_p_values(p_values: list[float], correction: Correction = "none") -> l
         return list(p_values)
     if correction == "bonferroni":
         return [min(1.0, p * m) for p in p_values]
+    if correction == "bh":
+        return [float(p) for p in stats.false_discovery_control(np.asarray(p_values, dtype=float), method="bh")]
     order = sorted(range(m), key=lambda i: p_values[i])
     adjusted = [0.0] * m
     running = 0.0

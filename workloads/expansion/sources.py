@@ -112,19 +112,16 @@ def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansio
         raise InputError(spec.path, "expansion path: no such file")
     found: Expansions = {}
     unknown: set[str] = set()
-    with open(path, encoding="utf-8") as handle:  # one line at a time: only the asked queries' first n are kept
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                qid, expansion = str(record["query_id"]), str(record["expansion"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise InputError(f"{path}:{line_no}", 'not a JSON object with "query_id" and "expansion"') from None
-            if qid not in collection.queries:
-                unknown.add(qid)
-            elif qid in queries and len(found.setdefault(qid, [])) < spec.n:
-                found[qid].append(expansion)
+    # utf-8-sig: a byte-order mark (what some editors write first) is read past, not refused
+    with open(path, encoding="utf-8-sig") as handle:  # one line at a time: only the asked queries' first n are kept
+        try:
+            for line_no, line in enumerate(handle, 1):
+                if line.strip():
+                    _add_expansion(found, unknown, line, f"{path}:{line_no}", collection, queries, spec.n)
+        except UnicodeDecodeError as exc:  # the decoder reads in blocks: where the bad byte is, read again
+            bad = _first_bad_byte(path)
+            raise InputError(path, f"not UTF-8 text ({exc.reason}: byte {bad[1]:#x} at offset {bad[0]:,}, line "
+                                   f"{bad[2]}): save it as UTF-8") from None
     unknown = sorted(unknown)
     if unknown:
         raise InputError(path, f"{len(unknown)} query ids are not queries of {collection.name} (e.g. '{unknown[0]}')")
@@ -133,6 +130,36 @@ def from_file(collection: Collection, queries: dict[str, str], spec) -> Expansio
         raise InputError(path, f"{len(short)} of the {len(queries):,} queries have fewer than n={spec.n} expansions "
                                f"(e.g. '{short[0]}': {len(found.get(short[0], []))})")
     return {qid: found[qid] for qid in queries}
+
+
+def _add_expansion(found: Expansions, unknown: set[str], line: str, where: str, collection: Collection,
+                   queries: dict[str, str], n: int) -> None:
+    """One line of an expansions file: a query's expansion kept (the first ``n`` of an asked
+    query), an id that is no query of the collection noted in ``unknown``."""
+    try:
+        record = json.loads(line)
+        qid, expansion = record["query_id"], record["expansion"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise InputError(where, 'not a JSON object with "query_id" and "expansion"') from None
+    if not isinstance(expansion, str):  # null would be searched as the word "None", a number as its digits
+        raise InputError(where, f'"expansion" is {json.dumps(expansion)}, not a string (write "" for no expansion)')
+    if not isinstance(qid, str | int) or isinstance(qid, bool):
+        raise InputError(where, f'"query_id" is {json.dumps(qid)}, not a string')
+    qid = str(qid)
+    if qid not in collection.queries:
+        unknown.add(qid)
+    elif qid in queries and len(found.setdefault(qid, [])) < n:
+        found[qid].append(expansion)
+
+
+def _first_bad_byte(path: Path) -> tuple[int, int, int]:
+    """(offset, byte, line number) of the first byte of ``path`` that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start, data[exc.start], data.count(b"\n", 0, exc.start) + 1
+    return len(data), 0, data.count(b"\n") + 1
 
 
 EXPANSION_SOURCES: dict[str, ExpansionSource] = {"pseudo_relevance": pseudo_relevance, "generator": generator,

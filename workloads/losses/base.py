@@ -129,8 +129,9 @@ class PairLoss(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.degenerate_batches = 0
-        # The named parts of the last value, for logging (a combined loss: ranking, contrastive).
-        self.last_parts: dict[str, float] = {}
+        # The named parts of the last value, for logging (a combined loss: ranking, contrastive),
+        # 0-d tensors on the loss's device: reading them is the logger's business.
+        self.last_parts: dict[str, torch.Tensor] = {}
 
     @property
     def config(self) -> dict[str, float | str]:

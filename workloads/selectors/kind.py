@@ -75,6 +75,7 @@ def selector_key(spec: SelectorTrialSpec) -> str:
     first_stage |= set(RM3_FIELDS) if spec.first_stage.method != "rm3" else set()  # (came later too)
     first_stage |= {"run"} if spec.first_stage.run is None else set()  # (and an EAR trial's file)
     training_data = {"negatives"} if spec.training_data.negatives == 1 else set()
+    training_data |= {"queries"} if spec.training_data.queries == "all" else set()  # (came later too)
     data = {"test_collection", "test_split", "test_perturbation", "test_first_stage"}
     data |= {"validation_cap"} if spec.data.validation_cap is None else set()  # added after selectors were first keyed
     exclude = {"name": True, "resources": True, "data": data, "first_stage": first_stage, "training_data": training_data}

@@ -41,7 +41,7 @@ from workloads.selectors.kind import COMPLETE_MARKER, SelectorTrialSpec, selecto
 from workloads.selectors.select_and_rank import SelectAndRank
 from workloads.text.sentences import SPLITTER_VERSION, document_sentences
 from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
-from workloads.training.step import adamw, checked_step, optimization_state, resumed_state
+from workloads.training.step import RunningLoss, adamw, checked_step, optimization_state, resumed_state
 from workloads.trial import PreparedTrial, prepare_trial
 
 STATE_FILE = "selector_state.pt"
@@ -225,7 +225,7 @@ class SelectorEpochs:
         random.Random(self.spec.seed * 1_000 + epoch).shuffle(order)
         per_batch = self.per_batch
         mine = [order[b * per_batch:(b + 1) * per_batch] for b in range(self.rank, self.steps * self.world, self.world)]
-        started, total = time.perf_counter(), 0.0
+        started, total = time.perf_counter(), RunningLoss(self.device)  # read when logged: no per-step wait
         for step, rows_index in enumerate(mine, 1):
             rows = [self.triples[i] for i in rows_index]
             structure = triples_to_batch(rows).structure.to(self.device)  # pairs: (q, d+), (q, d-) per triple
@@ -237,12 +237,12 @@ class SelectorEpochs:
             generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch * 10_007 + step)
             advice = (f"a selector step of {len(doc_ids)} documents of up to {self.sel.max_sentences} sentences does not "
                       f"fit on {self.device}: lower augmentation.selector.batch_size or max_sentences")
-            total += float(checked_step(advice, self.wrapped, self.objective, self.optimizer, self.scheduler, self.scaler,
-                                        [((batch, generator), structure)], 1.0))
-            if step % max(1, len(mine) // 5) == 0 or step == len(mine):
+            total.add(checked_step(advice, self.wrapped, self.objective, self.optimizer, self.scheduler, self.scaler,
+                                   [((batch, generator), structure)], 1.0))
+            if self.rank == 0 and (step % max(1, len(mine) // 5) == 0 or step == len(mine)):
                 self.say(f"selector epoch {epoch} {progress_bar(step, len(mine))} step {step}/{len(mine)} "
-                         f"loss {total / step:.4f}")
-        return {"epoch": epoch, "train_loss": total / len(mine), "epoch_train_seconds": time.perf_counter() - started}
+                         f"loss {total.value() / step:.4f}")
+        return {"epoch": epoch, "train_loss": total.value() / len(mine), "epoch_train_seconds": time.perf_counter() - started}
 
     def validate(self, epoch: int) -> dict[str, float]:
         validation = rerank_with_selector(self.model, Path(self.inputs.validation_candidates), self.validation_run,

@@ -6,7 +6,8 @@
   schedule, out-of-memory advice);
 - :mod:`~workloads.training.objective`: the encoder and its loss as one module, SIR's
   curriculum objective, GradCache micro-batches;
-- :mod:`~workloads.training.rerank`: the re-ranking kind's hooks (cross-encoder, SIR stages).
+- :mod:`~workloads.training.rerank`: the re-ranking kind's hooks (cross-encoder, SIR stages);
+- :mod:`~workloads.training.spot`: AWS's spot interruption notice, which asks for a save inside the epoch.
 """
 
 from workloads.training.loop import PROGRESS_FILE, SELECTION_METRIC, Reporter, report_epoch, seed_everything

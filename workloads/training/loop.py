@@ -4,8 +4,9 @@ Framework-free on purpose: the orchestrator runs it inside Ray Train workers (wh
 ``torch.distributed``), tests run it in-process. A kind supplies :class:`EpochHooks` (train
 one epoch on every worker; validate and save on rank 0); the loop owns what is the same for
 every kind: validation on rank 0 only, the checkpoint of every epoch with its resumable
-state, early stopping on the selection metric, and one report per epoch through a
-:data:`Reporter`.
+state (every worker's random generators included, so a resumed trial draws the dropout
+masks an uninterrupted one would), early stopping on the selection metric, and one report
+per epoch through a :data:`Reporter`.
 """
 
 from __future__ import annotations
@@ -67,6 +68,40 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def generator_state() -> dict:
+    """This process's global random generators (Python's, torch's CPU one, the current CUDA
+    device's once CUDA is in use): what draws dropout masks. numpy's global generator is not
+    used in training (its draws are seeded per use)."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_generators(state: dict) -> None:
+    """Put back what :func:`generator_state` saved (loaded onto any device: torch wants CPU bytes)."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def gathered_generators(world: int) -> list[dict]:
+    """Every worker's :func:`generator_state`, in rank order (every worker calls it)."""
+    if world == 1:
+        return [generator_state()]
+    states: list = [None] * world
+    dist.all_gather_object(states, generator_state())
+    return states
+
+
+def rank_generators(state: dict | None, rank: int, world: int) -> dict | None:
+    """This worker's generators in an epoch checkpoint's ``state``; None where it has none
+    (written before checkpoints carried them) or was saved by another number of workers."""
+    generators = (state or {}).get("generators")
+    return generators[rank] if generators is not None and len(generators) == world else None
+
+
 @dataclass
 class EarlyStopping:
     """Epochs without a better validation value; ``patience`` None never stops."""
@@ -123,16 +158,20 @@ def run_epochs(hooks: EpochHooks, epochs: Iterable[int], final_epoch: int, stopp
         metrics = hooks.train_epoch(epoch)
         if metrics is None:
             return True
+        # every worker's generators as its next epoch finds them: an attempt resumed from this
+        # checkpoint draws the dropout masks an uninterrupted one would (bit-identical on CPU)
+        generators = gathered_generators(world)
         checkpoint, stop = None, False
         if rank == 0:
             validating = time.perf_counter()
             metrics.update(hooks.validate(epoch))
             metrics["epoch_validation_seconds"] = time.perf_counter() - validating
+            generators[0] = generator_state()  # rank 0's next epoch starts after validation
             saving = time.perf_counter()
             checkpoint = Path(tempfile.mkdtemp(prefix=f"{hooks.label}{'-' if hooks.label else ''}epoch-{epoch}-"))
             stopping.update(metrics[SELECTION_METRIC])
             stop = stopping.exhausted and epoch < final_epoch
-            state = {"epoch": epoch, **stopping.state(), "stopped": stop,
+            state = {"epoch": epoch, **stopping.state(), "stopped": stop, "generators": generators,
                      **hooks.save(checkpoint, resumable=epoch < final_epoch and not stop)}
             torch.save(state, checkpoint / hooks.state_file)
             metrics["epoch_checkpoint_seconds"] = time.perf_counter() - saving
@@ -149,4 +188,5 @@ def run_epochs(hooks: EpochHooks, epochs: Iterable[int], final_epoch: int, stopp
 
 
 __all__ = ["PROGRESS_FILE", "SELECTION_METRIC", "Reporter", "report_epoch", "rank_and_world", "agreed", "seed_everything",
-           "EarlyStopping", "EpochHooks", "run_epochs"]
+           "generator_state", "restore_generators", "gathered_generators", "rank_generators", "EarlyStopping", "EpochHooks",
+           "run_epochs"]

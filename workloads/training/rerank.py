@@ -8,9 +8,9 @@ the first-stage top-k; SIR's staged variants train one compressor per stage.
 
 from __future__ import annotations
 
-import random
 import shutil
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,9 +32,20 @@ from workloads.seeds import derived_seed
 from workloads.sir import compress_blocks, compressed_rows
 from workloads.spec import TrialSpec
 from workloads.tokenized import TokenizedPairs
-from workloads.training.loop import EarlyStopping, Reporter, agreed, rank_and_world, run_epochs, seed_everything
+from workloads.training.loop import (
+    EarlyStopping,
+    Reporter,
+    agreed,
+    generator_state,
+    rank_and_world,
+    rank_generators,
+    restore_generators,
+    run_epochs,
+    seed_everything,
+)
 from workloads.training.objective import CurriculumObjective, TrainingObjective, load_loss_state
-from workloads.training.step import adamw, checked_step
+from workloads.training.spot import SpotNotice
+from workloads.training.step import RunningLoss, adamw, checked_step
 
 STATE_FILE = "training_state.pt"
 
@@ -120,9 +131,10 @@ def training_pairs(rows: list[dict]) -> tuple[list[str], list[str]]:
 def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: str, device: torch.device,
                tokenized: TokenizedPairs | None = None):
     """(batch, tokenized pairs on ``device``) for each planned batch, the next one assembled
-    in a thread while the current step runs (from the stored ids of ``tokenized``; pairs it
-    lacks by the fast tokenizer, which releases the GIL), in pinned memory with a non-blocking
-    copy on GPU, so the step never waits on input. Written here rather than with a torch
+    in a thread while the current step runs (from the stored ids of ``tokenized``, padded with
+    numpy; pairs it lacks by the fast tokenizer, which releases the GIL), in pinned memory with a
+    non-blocking copy on GPU, its structure (labels, ids) too, so the step never waits on input
+    and no blocking copy waits for the GPU's queued work. Written here rather than with a torch
     DataLoader: one batch of lookahead needs no worker processes, and the rows (with their
     texts) are not pickled to them every epoch."""
     pin = device.type == "cuda"
@@ -130,6 +142,8 @@ def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: s
     def prepare(plan):
         batch = make_batch(rows, plan, batching)
         pairs = model.encode(batch.queries, batch.documents, tokenized)
+        if pin:
+            batch.structure = batch.structure.pin_memory()
         return batch, pairs.pin_memory() if pin else pairs
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
@@ -138,6 +152,8 @@ def prefetched(model: CrossEncoder, rows: list[dict], planned: list, batching: s
             batch, pairs = upcoming.result()
             if index + 1 < len(planned):
                 upcoming = pool.submit(prepare, planned[index + 1])
+            if pin:
+                batch.structure = batch.structure.to(device, non_blocking=True)
             yield batch, pairs.to(device, non_blocking=pin)
 
 
@@ -178,10 +194,12 @@ def train_cross_encoder(
     after every step) ends training early and cleanly: a sweep's pruner uses it, so the
     workers return and release their resources instead of being killed.
 
-    With ``optimization.checkpoint_every``, the state inside an epoch is saved in
-    ``in_epoch_dir`` (one directory, replaced each time, on storage every worker sees); a
-    restarted attempt whose in-epoch state is newer than ``resume_from`` continues after its
-    step (see :class:`InEpochCheckpoints`).
+    With ``optimization.checkpoint_every``, and when a spot interruption is announced
+    (:mod:`workloads.training.spot`), the state inside an epoch is saved in ``in_epoch_dir``
+    (one directory, replaced each time, on storage every worker sees); a restarted attempt
+    whose in-epoch state is newer than ``resume_from`` continues after its step (see
+    :class:`InEpochCheckpoints`). Resumed from either, it draws what the uninterrupted trial
+    would (every worker's generators are in both), so it ends with the same weights.
 
     SIR's staged variants (v1, v2) train ``len(levels) + 1`` compressors in sequence, each for
     ``optimization.epochs``; epochs are numbered across stages and each reports its ``stage``.
@@ -189,7 +207,7 @@ def train_cross_encoder(
     (``workloads.sir.compress_blocks``), before that epoch's checkpoint is written, so a
     trial killed in stage s resumes in stage s with the same blocks.
     """
-    in_epoch = InEpochCheckpoints.of(spec, in_epoch_dir)
+    in_epoch = InEpochCheckpoints.of(spec, in_epoch_dir, device or torch.device("cpu"))
     hooks = RerankEpochs(spec, inputs, device or torch.device("cpu"), stop_requested, in_epoch)
     first_stage, first_epoch, state, kept, model_source = _stage_start(spec, resume_from, spec.optimization.epochs)
     saved = in_epoch.load(first_epoch, hooks.steps_per_rank) if in_epoch is not None else None
@@ -199,6 +217,9 @@ def train_cross_encoder(
         hooks.resume_at = state
         hooks.say(f"resumed inside epoch {first_epoch} after step {state['step']} from {directory}")
     elif resume_from is not None and first_epoch > 1:
+        # the generators as the uninterrupted trial's next epoch finds them (none when a new SIR
+        # stage starts: every stage starts from the seed)
+        hooks.resume_generators = rank_generators(state, hooks.rank, hooks.world)
         hooks.say(f"resumed from {resume_from} after epoch {first_epoch - 1}"
                   + (f" (stage {first_stage} of {hooks.stages})" if hooks.stages > 1 else ""))
     stopping = hooks.stopping = EarlyStopping.restored(spec.optimization.early_stopping_patience, state)
@@ -211,8 +232,10 @@ def train_cross_encoder(
         if run_epochs(hooks, range(first_epoch, stage * epochs + 1), final_epoch, stopping, report, hooks.rank, hooks.world):
             break
         first_epoch, kept = stage * epochs + 1, hooks.next_kept
-    if in_epoch is not None and hooks.rank == 0:
-        in_epoch.clear()  # every epoch it could resume is reported
+    if in_epoch is not None:
+        in_epoch.close()
+        if hooks.rank == 0:
+            in_epoch.clear()  # every epoch it could resume is reported
 
 
 class InEpochCheckpoints:
@@ -224,27 +247,44 @@ class InEpochCheckpoints:
     data position (epoch, step: the epoch's batch plan is a function of the seed and the epoch).
     A resumed attempt skips the steps already taken, so it ends with the weights an
     uninterrupted one has (on CPU, bit for bit).
+
+    A spot interruption notice (:class:`~workloads.training.spot.SpotNotice`, polled on GPU
+    workers) asks for one save after the step in flight, with or without ``checkpoint_every``.
     """
 
-    def __init__(self, directory: Path, every_steps: int | None, every_minutes: float | None) -> None:
+    def __init__(self, directory: Path, every_steps: int | None, every_minutes: float | None,
+                 notice: SpotNotice | None = None, polling: bool = False) -> None:
         self.directory = Path(directory)
         self.every_steps, self.every_minutes = every_steps, every_minutes
         self.last_saved = time.perf_counter()
+        # polling: some worker has a notice poller, so every worker joins the per-step question
+        self.notice, self.polling = notice, polling or notice is not None
+        if notice is not None:
+            weakref.finalize(self, notice.stop)  # also when training raises
 
     @classmethod
-    def of(cls, spec: TrialSpec, directory: Path | None) -> InEpochCheckpoints | None:
-        every = spec.optimization.checkpoint_every
-        if every is None or directory is None:
+    def of(cls, spec: TrialSpec, directory: Path | None, device: torch.device | None = None) -> InEpochCheckpoints | None:
+        """None without a directory; else saves every ``checkpoint_every`` (if set) and on a
+        spot notice (a poller on ``device``'s worker, see :meth:`SpotNotice.for_worker`)."""
+        if directory is None:
             return None
-        return cls(Path(directory), every.steps, every.minutes)
+        every = spec.optimization.checkpoint_every
+        notice = SpotNotice.for_worker(device) if device is not None else None
+        polling = _any_rank(notice is not None, rank_and_world()[1])
+        return cls(Path(directory), every and every.steps, every and every.minutes, notice, polling)
 
     def due(self, step: int, steps: int, rank: int, world: int) -> bool:
         """After ``step`` of ``steps``: save now? Never after the last step (the epoch's own
-        checkpoint follows); by time, rank 0's clock decides for every worker."""
+        checkpoint follows); by time, rank 0's clock decides for every worker; a spot notice
+        on any worker's node decides for all."""
         if step >= steps:
             return False
+        if self.polling and _any_rank(self.notice is not None and self.notice.pending(), world):
+            return True
         if self.every_steps is not None:
             return step % self.every_steps == 0
+        if self.every_minutes is None:
+            return False
         return agreed(rank == 0 and time.perf_counter() - self.last_saved >= 60 * self.every_minutes, world)
 
     @property
@@ -262,7 +302,7 @@ class InEpochCheckpoints:
             shutil.rmtree(self._writing, ignore_errors=True)
             self._writing.mkdir(parents=True)
         _barrier(world)
-        torch.save(_generator_state(), self._writing / f"generators-{rank}.pt")
+        torch.save(generator_state(), self._writing / f"generators-{rank}.pt")
         if rank == 0:
             model.save(self._writing)
             torch.save(state, self._writing / STATE_FILE)
@@ -274,6 +314,8 @@ class InEpochCheckpoints:
             self._writing.rename(self.directory)
             shutil.rmtree(self._previous, ignore_errors=True)
         self.last_saved = time.perf_counter()
+        if self.notice is not None:
+            self.notice.consume()  # one save per notice
 
     def load(self, epoch: int, steps_per_rank: int) -> tuple[dict, Path] | None:
         """The saved state and its directory when it lies inside ``epoch`` (the epoch a restarted
@@ -301,24 +343,24 @@ class InEpochCheckpoints:
         for directory in (self.directory, self._writing, self._previous):
             shutil.rmtree(directory, ignore_errors=True)
 
+    def close(self) -> None:
+        if self.notice is not None:
+            self.notice.stop()
+
 
 def _barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
 
 
-def _generator_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _restore_generators(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+def _any_rank(flag: bool, world: int) -> bool:
+    """True on every worker when ``flag`` is true on any (every worker calls it)."""
+    if world == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 class RerankEpochs:
@@ -334,6 +376,7 @@ class RerankEpochs:
         self.spec, self.inputs, self.device, self.stop_requested = spec, inputs, device, stop_requested
         self.in_epoch = in_epoch
         self.resume_at: dict | None = None  # an in-epoch state to continue from (its epoch's first call)
+        self.resume_generators: dict | None = None  # an epoch checkpoint's generators (its next epoch's first call)
         self.stopping = EarlyStopping(spec.optimization.early_stopping_patience)
         self.rank, self.world = rank_and_world()
         opt = self.opt = spec.optimization
@@ -372,7 +415,7 @@ class RerankEpochs:
             if opt.gradient_checkpointing:
                 _enable_gradient_checkpointing(self.model)
             if opt.compile:
-                compile_encoder(self.model)
+                compile_encoder(self.model, **opt.compile_options)
         if self.tokenized is None:  # the training set's pairs, tokenized once for every trial and epoch that reads them
             self.tokenized = self.model.tokenized(*training_pairs(self.triples))
         self.loss_fn = build_loss(spec.loss, self.model.encoder.config.hidden_size).to(device)
@@ -409,7 +452,7 @@ class RerankEpochs:
                     derived_seed("curriculum", self.spec.seed, epoch, step, index))
         return seed
 
-    def _step(self, micro: list, epoch: int, step: int, parts: dict[str, float]) -> torch.Tensor:
+    def _step(self, micro: list, epoch: int, step: int, parts: dict) -> torch.Tensor:
         advice = (f"a step of {len(micro[0][0].documents)} sequences of up to {self.spec.model.max_length} tokens does not "
                   f"fit on {self.device}: lower optimization.batch_size (pairs per batch; optimization.gradient_accumulation "
                   "keeps the step's size) or training_data.negatives (block size), set "
@@ -430,35 +473,43 @@ class RerankEpochs:
         setup = {"epoch_setup_seconds": started - self.entered} if self.entered is not None else {}
         self.entered = None
         total_loss, pairs_seen, done = 0.0, 0, 0
-        parts: dict[str, float] = {}
+        parts: dict[str, float | torch.Tensor] = {}  # fp64 sums on the device; floats when resumed
         if self.resume_at is not None:  # continue after the saved step, as if never interrupted
             resumed, self.resume_at = self.resume_at, None
             done, total_loss, pairs_seen, parts = resumed["step"], resumed["total_loss"], resumed["pairs_seen"], resumed["parts"]
-            _restore_generators(resumed["generators"])
+            restore_generators(resumed["generators"])
+        elif self.resume_generators is not None:  # after the start of a stage (which seeds), as if never interrupted
+            restore_generators(self.resume_generators)
+        self.resume_generators = None
+        # the epoch's loss sum stays on the device, read once per logging interval (and saved with
+        # an in-epoch state): no step waits for the device to finish the one before
+        running = RunningLoss(self.device, total_loss)
+        logging_interval = max(1, steps // 10)
         batches = prefetched(self.model, rows, my_batches[done * accumulation:], opt.batching, self.device, self.tokenized)
         for step in range(done + 1, steps + 1):
             micro = [next(batches) for _ in range(accumulation)]
             pairs_seen += sum(len(batch.documents) for batch, _ in micro)  # lists may be short; augmentation doubles
-            total_loss += float(self._step(micro, epoch, step, parts))
+            running.add(self._step(micro, epoch, step, parts))
             if self.stop_requested is not None and agreed(self.rank == 0 and self.stop_requested(), self.world):
                 self.say(f"stopping in epoch {epoch}, step {step}: requested (pruned)")
                 return None
             if self.in_epoch is not None and self.in_epoch.due(step, steps, self.rank, self.world):
                 self.in_epoch.save(self.model, {**self.save_state(resumable=True), "epoch": epoch, "step": step,
                                                 "world": self.world, "steps_per_rank": steps,
-                                                "total_loss": total_loss, "pairs_seen": pairs_seen, "parts": dict(parts),
+                                                "total_loss": running.value(), "pairs_seen": pairs_seen,
+                                                "parts": {name: float(value) for name, value in parts.items()},
                                                 **self.stopping.state()}, self.rank, self.world)
-            if step % max(1, steps // 10) == 0 or step == steps:
+            if self.rank == 0 and (step % logging_interval == 0 or step == steps):
                 rate = pairs_seen / (time.perf_counter() - started)
                 self.say(f"epoch {epoch}/{self.stages * opt.epochs} {progress_bar(step, steps)} step {step}/"
-                         f"{steps} loss {total_loss / step:.4f} ({rate:.1f} pairs/s/worker)")
+                         f"{steps} loss {running.value() / step:.4f} ({rate:.1f} pairs/s/worker)")
         batches.close()
-        metrics: dict[str, float] = {"epoch": epoch, "train_loss": total_loss / steps,
+        metrics: dict[str, float] = {"epoch": epoch, "train_loss": running.value() / steps,
                                      "epoch_train_seconds": time.perf_counter() - started,
                                      "degenerate_batches": float(self.loss_fn.degenerate_batches), **setup}
         if self.stages > 1:
             metrics["stage"] = self.stage
-        metrics.update({f"train_{name}_loss": value / steps for name, value in parts.items()})
+        metrics.update({f"train_{name}_loss": float(value) / steps for name, value in parts.items()})
         if epoch == self.stage * opt.epochs and self.stage < self.stages:
             metrics["epoch_selection_seconds"] = self._select_next_stage()
         return metrics

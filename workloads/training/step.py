@@ -5,6 +5,7 @@ rule for a step that does not fit in memory."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.batching import PairStructure
-from workloads.training.loop import rank_and_world
+from workloads.training.loop import rank_and_world, rank_generators, restore_generators
 from workloads.training.objective import MicroBatchedPairs, TrainingObjective
 
 
@@ -42,6 +43,37 @@ def adamw(groups: list[dict], **options) -> torch.optim.AdamW:
 
 
 
+_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parameters(objective: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """``objective.parameters()`` in its order (the clipped norm's summation order), listed once
+    per objective instead of walking its ~100 modules every step. An objective's parameters are
+    fixed once it is built (a new stage builds a new objective)."""
+    parameters = _PARAMETERS.get(objective)
+    if parameters is None:
+        parameters = _PARAMETERS[objective] = list(objective.parameters())
+    return parameters
+
+
+class RunningLoss:
+    """An epoch's running sum of step losses, kept on the device: adding a step's loss queues
+    one fp64 add and reads nothing, so the host never waits for the device inside an epoch.
+    :meth:`value` reads it (once per logging interval and at the epoch's end). fp64, each
+    step's fp32 loss widened exactly: the sum 617b804 kept as a Python float, step by step
+    (``total += float(loss)``), bit for bit. Saved with an in-epoch checkpoint as that float,
+    and restored from it, so a resumed epoch reports the uninterrupted epoch's mean."""
+
+    def __init__(self, device: torch.device, start: float = 0.0) -> None:
+        self.sum = torch.tensor(start, dtype=torch.float64, device=device)
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.sum.add_(loss)  # fp32 loss promoted to fp64, then one IEEE add: Python's float += float(loss)
+
+    def value(self) -> float:
+        return self.sum.item()
+
+
 def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
                       scheduler, scaler: torch.amp.GradScaler, inputs: dict[str, torch.Tensor], structure: PairStructure,
                       max_grad_norm: float, micro_batch_size: int | None = None) -> torch.Tensor:
@@ -53,7 +85,8 @@ def optimization_step(wrapped: torch.nn.Module, objective: TrainingObjective, op
 def accumulated_step(wrapped: torch.nn.Module, objective: TrainingObjective, optimizer: torch.optim.Optimizer,
                      scheduler, scaler: torch.amp.GradScaler, micro_steps: list[tuple[dict[str, torch.Tensor], PairStructure]],
                      max_grad_norm: float, micro_batch_size: int | None = None,
-                     before_each: Callable[[int], None] | None = None, parts: dict[str, float] | None = None) -> torch.Tensor:
+                     before_each: Callable[[int], None] | None = None,
+                     parts: dict[str, float | torch.Tensor] | None = None) -> torch.Tensor:
     """One optimizer step over ``micro_steps`` batches (gradient accumulation): each batch's loss,
     divided by their number, through ``wrapped`` (the objective, or its DDP wrapper), backward;
     then clip every trainable parameter's gradient (the loss's own too), step, schedule.
@@ -64,10 +97,15 @@ def accumulated_step(wrapped: torch.nn.Module, objective: TrainingObjective, opt
     last runs in ``no_sync``. With ``micro_batch_size`` the encoder runs in micro-batches
     (:class:`MicroBatchedPairs`) outside DDP's forward, so the gradients are averaged across
     workers here, after the last batch. ``before_each(i)`` runs before batch i (per-batch seeding);
-    ``parts`` accumulates the step's mean of each named part of the loss (``loss_fn.last_parts``)."""
+    ``parts`` accumulates the step's mean of each named part of the loss (``loss_fn.last_parts``),
+    as fp64 tensors on the device.
+
+    The mean loss stays on the loss's device (a 0-d fp32 tensor): nothing in the step waits for
+    the device, so the host can queue the next step while this one runs; the epoch loop sums
+    it there and reads the sum once per logging interval (:class:`RunningLoss`)."""
     optimizer.zero_grad(set_to_none=True)
     count = len(micro_steps)
-    total = torch.zeros(())
+    total = None
     _, world = rank_and_world()
     for index, (inputs, structure) in enumerate(micro_steps):
         if before_each is not None:
@@ -86,18 +124,21 @@ def accumulated_step(wrapped: torch.nn.Module, objective: TrainingObjective, opt
                 replay.backward()
             finally:
                 objective.replay = None
-        total = total + loss.detach().cpu() / count
+        # 617b804 summed 0 + loss / count on the CPU: the same fp32 operations, on the device
+        total = loss.detach() / count if total is None else total + loss.detach() / count
         if parts is not None:
             for name, value in objective.loss_fn.last_parts.items():
-                parts[name] = parts.get(name, 0.0) + value / count
+                # on the device, in fp64: what 617b804 summed as Python floats, float(value) / count, bit for bit
+                parts[name] = parts.get(name, 0.0) + value.double() / count
+    parameters = _parameters(objective)
     if micro_batch_size is not None and world > 1:
-        for parameter in objective.parameters():
+        for parameter in parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
             dist.all_reduce(parameter.grad)
             parameter.grad /= world
     scaler.unscale_(optimizer)
-    torch.nn.utils.clip_grad_norm_(objective.parameters(), max_grad_norm)
+    torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm, foreach=None)  # None: foreach on CPU and CUDA alike
     scaler.step(optimizer)
     scaler.update()
     scheduler.step()
@@ -113,7 +154,8 @@ def optimization_state(optimizer: torch.optim.Optimizer, scheduler, scaler: torc
 def resumed_state(resume_from: Path | None, state_file: str, optimizer: torch.optim.Optimizer, scheduler,
                   scaler: torch.amp.GradScaler, device: torch.device) -> dict | None:
     """The state saved with a checkpoint (None without one), its optimization restored: absent
-    after a trial's last epoch (nothing left to train), the loss scale only where fp16 saved one."""
+    after a trial's last epoch (nothing left to train), the loss scale only where fp16 saved one.
+    This worker's random generators are restored too (the last thing before its next epoch)."""
     if resume_from is None or not (Path(resume_from) / state_file).exists():
         return None
     state = torch.load(Path(resume_from) / state_file, map_location=device, weights_only=False)
@@ -122,6 +164,9 @@ def resumed_state(resume_from: Path | None, state_file: str, optimizer: torch.op
         scheduler.load_state_dict(state["scheduler"])
         if "scaler" in state:
             scaler.load_state_dict(state["scaler"])
+        generators = rank_generators(state, *rank_and_world())
+        if generators is not None:
+            restore_generators(generators)
     return state
 
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Set up a node of cluster.yaml (Ray runs it over ssh as the node's first setup command):
+#   node-setup.sh head|worker EFS_DNS_NAME
+# waits for the package manager, mounts the shared EFS volume, installs Python 3.11 and the
+# project's .venv (the head with the `aws` extra: boto3 for Ray's AWS provider and MLflow's S3
+# artifacts), and writes the environment every later command and trial reads.
+#
+# A failing step says which, and why, on stderr: Ray's autoscaler logs it on the head
+# (/tmp/ray/session_latest/logs/monitor.*, or `ray monitor cluster.yaml` from the laptop). A
+# worker also records the failure on the shared volume; after RERANK_LAB_MAX_SETUP_FAILURES (3)
+# failures within two hours, workers refuse at once, and the head's worker guard
+# (cluster/worker_guard.py) stops the autoscaler from launching more (docs/cluster.md).
+set -euo pipefail
+role="${1:?usage: node-setup.sh head|worker EFS_DNS_NAME}"
+efs="${2:?usage: node-setup.sh head|worker EFS_DNS_NAME}"
+[[ "$role" == head || "$role" == worker ]] || { echo "node-setup.sh: role must be head or worker, not '$role'" >&2; exit 2; }
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+shared="${RERANK_LAB_SHARED:-/mnt/shared}"   # (both overridable for tests/cluster/test_node_setup.py)
+fstab="${RERANK_LAB_FSTAB:-/etc/fstab}"
+failures="$shared/cluster/worker-setup-failures.log"
+step="start"
+
+on_error() {
+    local code=$1
+    echo "rerank-lab $role setup FAILED on $(hostname) at step '$step' (exit $code); the lines above say why" >&2
+    if [[ "$role" == worker ]] && mountpoint -q "$shared"; then
+        mkdir -p "$(dirname "$failures")"
+        echo "$(date +%s) $(date -Is) $(hostname) step '$step' exit $code" >> "$failures"
+    fi
+}
+trap 'on_error $?' ERR
+
+step="wait for the package manager"
+# On a fresh Ubuntu, cloud-init and unattended-upgrades hold dpkg's lock for minutes after boot.
+sudo cloud-init status --wait > /dev/null 2>&1 || true
+sudo systemd-run --quiet --wait --property=After="apt-daily.service apt-daily-upgrade.service" /bin/true 2> /dev/null || true
+apt_get() { sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 -y -q "$@"; }
+apt_get update
+apt_get install nfs-common software-properties-common
+
+step="mount the EFS volume $efs at $shared"
+sudo mkdir -p "$shared"
+# in fstab, so a rebooted node mounts it again (nofail: it still boots when EFS is unreachable)
+options="nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2,noresvport,_netdev,nofail"
+grep -qs " $shared nfs4 " "$fstab" || echo "$efs:/ $shared nfs4 $options 0 0" | sudo tee -a "$fstab" > /dev/null
+for attempt in 1 2 3 4 5 6; do
+    mountpoint -q "$shared" && break
+    sudo mount "$shared" && break
+    echo "mount of $efs failed (attempt $attempt): is there a mount target in this node's zone, and does its security" \
+         "group accept NFS (TCP 2049) from the nodes' group? (docs/cluster.md, EFS)" >&2
+    sleep 10
+done
+mountpoint -q "$shared"
+[[ -O "$shared" ]] || sudo chown "$(id -u):$(id -g)" "$shared"
+
+if [[ "$role" == worker && -f "$failures" ]]; then
+    step="check earlier workers' setup failures"
+    recent=$(awk -v now="$(date +%s)" '$1 > now - 7200' "$failures" | wc -l)
+    if (( recent >= ${RERANK_LAB_MAX_SETUP_FAILURES:-3} )); then
+        echo "rerank-lab: $recent GPU workers failed setup in the last two hours ($failures):" >&2
+        tail -n 3 "$failures" >&2
+        echo "not setting up another; fix the cause, remove $failures, then ray up cluster.yaml again" >&2
+        false
+    fi
+fi
+
+if [[ "$role" == worker ]]; then
+    step="check the GPU driver"   # before the ten-minute install, not after it
+    bash "$repo/cluster/gpu-check.sh" driver
+fi
+
+step="install Python 3.11"   # the project's; Ubuntu 22.04 ships 3.10
+if ! command -v python3.11 > /dev/null; then
+    sudo add-apt-repository -y -n ppa:deadsnakes/ppa
+    apt_get update
+    apt_get install python3.11 python3.11-venv
+fi
+
+step="install the project into $repo/.venv"
+cd "$repo"
+test -x .venv/bin/python || python3.11 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+# torch==2.13.0 from PyPI is its CUDA 13.0 build (it requires cuda-toolkit==13.0.3): the GPU
+# workers' driver must be 580 or newer (cluster/gpu-check.sh checked it above).
+if [[ "$role" == head ]]; then .venv/bin/pip install -q -e '.[aws]'; else .venv/bin/pip install -q -e .; fi
+
+if [[ "$role" == worker ]]; then
+    step="check that torch uses the GPU"
+    bash "$repo/cluster/gpu-check.sh" torch
+fi
+
+step="write the environment"
+# Downloads (Hugging Face, ir_datasets, Anserini's prebuilt indexes), the data and the cache on the shared volume
+block="# rerank-lab (cluster/node-setup.sh)
+export PATH=$repo/.venv/bin:\$PATH ORCHESTRATE_SHARED_DIR=$shared ORCHESTRATE_CACHE_DIR=$shared/cache ORCHESTRATE_DATA_DIR=$shared/data
+export HF_HOME=$shared/cache/huggingface IR_DATASETS_HOME=$shared/cache/ir_datasets ANSERINI_INDEX_CACHE=$shared/cache/anserini-indexes"
+grep -q "^# rerank-lab (cluster/node-setup.sh)" ~/.bashrc 2> /dev/null || printf '%s\n' "$block" >> ~/.bashrc
+mkdir -p "$shared/cache" "$shared/data"
+echo "rerank-lab $role setup done on $(hostname)"

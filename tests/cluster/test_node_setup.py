@@ -1,0 +1,126 @@
+"""cluster/node-setup.sh run here with the machine's tools replaced by recording stand-ins (sudo,
+apt-get, mount, nvidia-smi, python3.11 and the .venv's pip and python): the order of its steps, what
+a failing worker says and records, the refusal after 3 failures, and what the head installs.
+Nothing here touches this machine's packages, /etc/fstab or /mnt; the real tools are untested."""
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EFS = "fs-12345678.efs.us-east-1.amazonaws.com"
+
+STUBS = {
+    "sudo": 'exec env "$@"',
+    "apt-get": 'echo "apt-get $*" >> "$CALLS"',
+    "add-apt-repository": 'echo "add-apt-repository $*" >> "$CALLS"',
+    "cloud-init": 'echo "cloud-init $*" >> "$CALLS"',
+    "systemd-run": 'echo "systemd-run $*" >> "$CALLS"',
+    "mount": 'echo "mount $*" >> "$CALLS"; touch "$MOUNTED_FLAG"',
+    "mountpoint": '[ -e "$MOUNTED_FLAG" ]',
+    "nvidia-smi": 'echo "nvidia-smi $*" >> "$CALLS"; [ "$DRIVER" = none ] && exit 9; echo "$DRIVER"',
+    "python3.11": ('echo "python3.11 $*" >> "$CALLS"; mkdir -p .venv/bin\n'
+                   'printf \'#!/bin/sh\\necho "pip $*" >> "$CALLS"\\n\' > .venv/bin/pip\n'
+                   'printf \'#!/bin/sh\\necho "venv-python $*" >> "$CALLS"; exit ${TORCH_RC:-0}\\n\' > .venv/bin/python\n'
+                   "chmod +x .venv/bin/pip .venv/bin/python"),
+}
+
+
+@pytest.fixture()
+def node(tmp_path):
+    """A home with the project's cluster scripts at ~/rerank-lab, the stand-ins first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    home = tmp_path / "home"
+    scripts = home / "rerank-lab" / "cluster"
+    scripts.mkdir(parents=True)
+    for script in ("node-setup.sh", "gpu-check.sh"):
+        (scripts / script).write_text((REPO / "cluster" / script).read_text())
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"),
+           "MOUNTED_FLAG": str(tmp_path / "mounted"), "RERANK_LAB_SHARED": str(shared),
+           "RERANK_LAB_FSTAB": str(tmp_path / "fstab"), "DRIVER": "595.58.03"}
+
+    def run(role: str, **extra) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(scripts / "node-setup.sh"), role, EFS], capture_output=True, text=True,
+                              env={**env, **extra}, timeout=60)
+
+    def calls() -> list[str]:
+        path = Path(env["CALLS"])
+        return path.read_text().splitlines() if path.exists() else []
+
+    run.calls, run.shared, run.home, run.fstab = calls, shared, home, tmp_path / "fstab"
+    return run
+
+
+def first(calls: list[str], prefix: str) -> int:
+    return next(i for i, c in enumerate(calls) if c.startswith(prefix))
+
+
+def test_a_worker_waits_for_apt_mounts_checks_the_driver_then_installs(node):
+    result = node("worker")
+    assert result.returncode == 0, result.stderr
+    calls = node.calls()
+    # the package manager's lock first, the mount before anything needs it, the driver before the long install
+    assert first(calls, "cloud-init status --wait") < first(calls, "systemd-run") < first(calls, "apt-get")
+    assert any("DPkg::Lock::Timeout=900" in c for c in calls if c.startswith("apt-get"))
+    assert first(calls, "mount") < first(calls, "nvidia-smi") < first(calls, "python3.11 -m venv") < first(calls, "pip install -q -e .")
+    assert "pip install -q -e ." in calls and not any("[aws]" in c for c in calls)   # a worker needs no boto3
+    assert first(calls, "pip install -q -e .") < first(calls, "venv-python -")          # torch's GPU check after the install
+    assert node.fstab.read_text() == f"{EFS}:/ {node.shared} nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2," \
+                                     "noresvport,_netdev,nofail 0 0\n"
+    assert not (node.shared / "cluster" / "worker-setup-failures.log").exists()
+    # a second run (ray up again) adds no second fstab line or environment block
+    assert node("worker").returncode == 0
+    assert len(node.fstab.read_text().splitlines()) == 1
+    bashrc = (node.home / ".bashrc").read_text()
+    assert bashrc.count("# rerank-lab (cluster/node-setup.sh)") == 1 and f"ORCHESTRATE_CACHE_DIR={node.shared}/cache" in bashrc
+
+
+def test_a_worker_with_an_old_driver_fails_before_installing_says_why_and_records_it(node):
+    result = node("worker", DRIVER="535.183.01")
+    assert result.returncode != 0
+    assert "NVIDIA driver 535.183.01" in result.stderr and "older than 580" in result.stderr
+    assert "rerank-lab worker setup FAILED on" in result.stderr and "at step 'check the GPU driver'" in result.stderr
+    assert not any(c.startswith("pip") for c in node.calls())
+    (line,) = (node.shared / "cluster" / "worker-setup-failures.log").read_text().splitlines()
+    assert abs(int(line.split()[0]) - time.time()) < 60 and "step 'check the GPU driver'" in line
+
+
+def test_a_worker_whose_torch_cannot_use_the_gpu_fails_and_records_it(node):
+    result = node("worker", TORCH_RC="1")
+    assert result.returncode != 0 and "at step 'check that torch uses the GPU'" in result.stderr
+    assert len((node.shared / "cluster" / "worker-setup-failures.log").read_text().splitlines()) == 1
+
+
+def test_after_three_recent_failures_a_worker_refuses_at_once(node):
+    log = node.shared / "cluster" / "worker-setup-failures.log"
+    log.parent.mkdir()
+    now = int(time.time())
+    log.write_text("".join(f"{t} when ip-10-0-0-{i} step 'x' exit 1\n" for i, t in enumerate((now - 7300, now - 600, now - 300))))
+    assert node("worker").returncode == 0  # one stale, two recent: it tries
+    log.write_text(log.read_text() + f"{now - 60} when ip-10-0-0-9 step 'x' exit 1\n")
+    before = len(node.calls())
+    result = node("worker")
+    assert result.returncode != 0 and "3 GPU workers failed setup in the last two hours" in result.stderr
+    assert not any(c.startswith(("nvidia-smi", "pip")) for c in node.calls()[before:])
+
+
+def test_the_head_installs_the_aws_extra_and_checks_no_gpu(node):
+    result = node("head", DRIVER="none")
+    assert result.returncode == 0, result.stderr
+    calls = node.calls()
+    assert "pip install -q -e .[aws]" in calls and not any(c.startswith(("nvidia-smi", "venv-python")) for c in calls)
+
+
+def test_scripts_parse():
+    for script in ("node-setup.sh", "gpu-check.sh", "service.sh", "mlflow-server.sh"):
+        assert subprocess.run(["bash", "-n", str(REPO / "cluster" / script)]).returncode == 0, script
+    assert all(os.access(REPO / "cluster" / s, os.X_OK) for s in ("service.sh", "mlflow-server.sh"))

@@ -1,0 +1,102 @@
+"""A GPU worker whose setup keeps failing is not relaunched forever: cluster/node-setup.sh records
+each failure on the shared volume and says why; cluster/worker_guard.py, on the head, sets every
+worker type's max_workers to 0 in the autoscaler's config once 3 fall within two hours (Ray's
+autoscaler reads that file again on every update and launches nothing beyond max_workers)."""
+
+import importlib.util
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def guard():
+    spec = importlib.util.spec_from_file_location("worker_guard", REPO / "cluster" / "worker_guard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def bootstrap_config(tmp_path):
+    """What `ray up` writes to the head as ~/ray_bootstrap_config.yaml (prepared, not bootstrapped: no AWS here)."""
+    from ray.autoscaler._private.util import prepare_config
+
+    config = prepare_config(yaml.safe_load((REPO / "cluster.yaml").read_text()))
+    path = tmp_path / "ray_bootstrap_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def failure_line(when: float, host: str = "ip-10-0-0-1") -> str:
+    # the line node-setup.sh appends: epoch seconds first
+    return f"{int(when)} 2026-11-27T05:00:00+00:00 {host} step 'check the GPU driver' exit 1"
+
+
+def test_node_setup_writes_the_line_the_guard_reads():
+    script = (REPO / "cluster" / "node-setup.sh").read_text()
+    assert re.search(r'echo "\$\(date \+%s\) .*" >> "\$failures"', script)
+    assert 'failures="$shared/cluster/worker-setup-failures.log"' in script
+    assert 'default=Path("/mnt/shared/cluster/worker-setup-failures.log")' in (REPO / "cluster" / "worker_guard.py").read_text()
+    # the failing step is named on stderr, which Ray's autoscaler logs on the head
+    assert "setup FAILED on $(hostname) at step '$step'" in script and "trap 'on_error $?' ERR" in script
+
+
+def test_two_failures_leave_the_workers_alone(guard, bootstrap_config, tmp_path):
+    now = time.time()
+    log = tmp_path / "failures.log"
+    log.write_text("\n".join([failure_line(now - 60), failure_line(now - 30), failure_line(now - 3 * 3600)]) + "\n")
+    before = bootstrap_config.read_text()
+    assert guard.check_once(log, bootstrap_config, 3, 7200, now) is False
+    assert bootstrap_config.read_text() == before
+
+
+def test_a_third_failure_stops_further_launches(guard, bootstrap_config, tmp_path):
+    from ray.autoscaler._private.util import validate_config
+
+    now = time.time()
+    log = tmp_path / "failures.log"
+    log.write_text("\n".join(failure_line(now - s) for s in (90, 60, 30)) + "\n")
+    assert guard.check_once(log, bootstrap_config, 3, 7200, now) is True
+    config = yaml.safe_load(bootstrap_config.read_text())
+    validate_config(config)  # the autoscaler takes the new file
+    assert config["available_node_types"]["gpu_worker"]["max_workers"] == 0
+    original = yaml.safe_load(bootstrap_config.with_name("ray_bootstrap_config.yaml.before-guard").read_text())
+    assert original["available_node_types"]["gpu_worker"]["max_workers"] == 8
+    assert guard.check_once(log, bootstrap_config, 3, 7200, now) is False  # once is enough
+
+
+def test_the_autoscaler_launches_nothing_for_a_guarded_config(guard, bootstrap_config, tmp_path):
+    # Ray's own scheduler, asked for 8 GPUs by pending trials, with the config before and after the guard
+    from ray.autoscaler._private.resource_demand_scheduler import ResourceDemandScheduler
+
+    def launches(path: Path) -> int:
+        config = yaml.safe_load(path.read_text())
+        scheduler = ResourceDemandScheduler(provider=None, node_types=config["available_node_types"], max_workers=config["max_workers"],
+                                            head_node_type=config["head_node_type"], upscaling_speed=config["upscaling_speed"])
+        to_launch, _ = scheduler.get_nodes_to_launch(
+            nodes=[], launching_nodes={}, resource_demands=[{"CPU": 4, "GPU": 1}] * 8, unused_resources_by_ip={},
+            pending_placement_groups=[], max_resources_by_ip={}, ensure_min_cluster_size=[], node_availability_summary=None)
+        return to_launch.get("gpu_worker", 0)  # (the head it also lists is the running head, not shown here)
+
+    assert launches(bootstrap_config) > 0
+    log = tmp_path / "failures.log"
+    log.write_text("\n".join(failure_line(time.time() - s) for s in (3, 2, 1)) + "\n")
+    assert guard.main(["--failures", str(log), "--config", str(bootstrap_config), "--once"]) == 0
+    assert launches(bootstrap_config) == 0
+
+
+def test_the_guard_runs_as_cluster_yaml_starts_it(tmp_path, bootstrap_config):
+    log = tmp_path / "failures.log"
+    log.write_text("\n".join(failure_line(time.time() - s) for s in (3, 2, 1)) + "\n")
+    command = [str(REPO / ".venv" / "bin" / "python"), str(REPO / "cluster" / "worker_guard.py"), "--failures", str(log),
+               "--config", str(bootstrap_config), "--once"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "stopped launching workers (3 worker setups failed within 2 h" in result.stderr

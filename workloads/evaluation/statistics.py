@@ -1,0 +1,193 @@
+"""Uncertainty of a comparison: seeds' spread, bootstrap intervals, direction and effect size.
+
+A system is compared with its baseline on the same queries (and, when both were trained
+with the same seeds, seed by seed). Everything here works on the difference system -
+baseline per query (a vector) or per seed and query (a matrix, one row per seed).
+
+- :func:`seed_summary`: the mean over seeds of a system's aggregate, the seeds' standard
+  deviation (``ddof=1``: the seeds are a sample of the seeds one could have drawn) and their
+  count.
+- :func:`bootstrap_interval`: a paired bootstrap 95% interval of the mean difference, from
+  ``scipy.stats.bootstrap``. Over queries, or, with several seeds, over queries x seeds: the
+  seeds and the queries are resampled independently and the statistic is the mean of the
+  chosen seeds' rows at the chosen queries (the "multi-bootstrap" of Sellam et al., ICLR
+  2022, paired: system and baseline keep their seed and query). Queries are not independent
+  across seeds (the same query is hard for every seed), so pooling the seeds x queries cells
+  as if they were independent would give intervals too narrow.
+
+  The **percentile** method, not BCa (scipy's default), because: the statistic is a mean over
+  tens to thousands of queries, whose bootstrap distribution is close to symmetric, so BCa's
+  bias and skew corrections change the bounds by little; BCa's acceleration is a jackknife
+  over each resampled axis, which over 2-3 seeds is an estimate from 2-3 numbers; BCa yields
+  NaN on degenerate data, common in IR (P@1 differences of only -1, 0, 1, a system equal to
+  its baseline on most queries); and a percentile interval is reproducible by hand from the
+  same random draws (tests/workloads/test_statistics.py does).
+  Seeded (:data:`BOOTSTRAP_SEED`, a fresh generator per interval): an interval does not depend
+  on which other intervals were computed before it.
+- :func:`direction`: the queries the system won, tied (within
+  :data:`~workloads.evaluation.significance.DIFFERENCE_TOLERANCE`) and lost.
+- :func:`effect_size`: the mean difference over its standard deviation across queries
+  (paired Cohen's d, "d_z"); undefined (None) when every query differs by the same amount.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from workloads.evaluation.significance import DIFFERENCE_TOLERANCE
+
+CONFIDENCE = 0.95
+BOOTSTRAP_METHOD = "percentile"
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 13
+# resamples x (seeds +) queries values held at once (scipy's ``batch``): ~128 MiB of float64
+BOOTSTRAP_BATCH_VALUES = 2**24
+
+
+@dataclass(frozen=True)
+class SeedSummary:
+    """A system's aggregate over its seeds."""
+
+    mean: float
+    std: float | None  # None with a single seed
+    count: int
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A two-sided bootstrap interval of the mean difference (system - baseline)."""
+
+    low: float
+    high: float
+    confidence: float
+    queries: int
+    seeds: int  # 1: over queries only; more: over queries x seeds
+
+
+@dataclass(frozen=True)
+class Direction:
+    won: int
+    tied: int
+    lost: int
+
+
+def seed_summary(per_seed: dict[str, dict[str, float]]) -> SeedSummary:
+    """Seed -> query -> value: the mean over seeds of each seed's mean over queries, their spread."""
+    if not per_seed:
+        raise ValueError("no seeds")
+    means = np.array([np.mean(list(values.values())) if values else 0.0 for values in per_seed.values()], dtype=float)
+    std = float(np.std(means, ddof=1)) if len(means) > 1 else None
+    return SeedSummary(float(means.mean()), std, len(means))
+
+
+def difference_matrix(system: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> np.ndarray:
+    """Seed -> query -> value of both sides -> the differences, one row per seed (queries sorted).
+
+    Seeds are paired by name when both sides have the same seeds (a grid trains the baseline
+    with every seed); otherwise each side is first averaged over its seeds (one row). Raises
+    ValueError when a side's seeds, or the two sides, were scored on different queries.
+    """
+    queries = None
+    for side in (system, baseline):
+        for seed, values in side.items():
+            if queries is None:
+                queries = sorted(values)
+            elif sorted(values) != queries:
+                raise ValueError(f"seed {seed} was scored on other queries than the rest ({len(values)} vs {len(queries)})")
+    if not queries:
+        raise ValueError("no queries to compare")
+
+    def rows(side: dict[str, dict[str, float]], seeds) -> np.ndarray:
+        return np.array([[side[s][q] for q in queries] for s in seeds], dtype=float)
+
+    if set(system) == set(baseline):
+        seeds = sorted(system)
+        return rows(system, seeds) - rows(baseline, seeds)
+    return rows(system, sorted(system)).mean(axis=0, keepdims=True) - rows(baseline, sorted(baseline)).mean(axis=0, keepdims=True)
+
+
+def bootstrap_interval(differences: np.ndarray, confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> Interval:
+    """Paired bootstrap interval of the mean of ``differences`` (queries, or seeds x queries).
+
+    A vector, or a matrix of one row: queries are resampled. A matrix of several rows: seeds and
+    queries are resampled independently (rows, then columns, from one seeded generator).
+    """
+    d = np.atleast_2d(np.asarray(differences, dtype=float))
+    num_seeds, num_queries = d.shape
+    if num_queries == 0:
+        raise ValueError("no queries to compare")
+    rng = np.random.default_rng(seed)
+    d = np.where(np.abs(d) <= DIFFERENCE_TOLERANCE, 0.0, d)  # rounding noise is no difference (as the tests do)
+    if not d.any():  # identical systems: every resample is 0 (and scipy warns on degenerate data)
+        return Interval(0.0, 0.0, confidence, num_queries, num_seeds)
+    batch = max(1, BOOTSTRAP_BATCH_VALUES // (num_seeds + num_queries))
+    if num_seeds == 1:
+        result = stats.bootstrap((d[0],), np.mean, n_resamples=resamples, batch=batch, vectorized=True,
+                                 confidence_level=confidence, method=BOOTSTRAP_METHOD, rng=rng)
+    else:
+        def mean_of_chosen(seed_index, query_index, axis=-1):
+            # the mean of d[s][:, q] as counts: how often each seed and query was drawn (no seeds x queries copy)
+            s = np.atleast_2d(np.asarray(seed_index, dtype=np.intp))
+            q = np.atleast_2d(np.asarray(query_index, dtype=np.intp))
+            return np.einsum("bs,sq,bq->b", _counts(s, num_seeds), d, _counts(q, num_queries)) / (num_seeds * num_queries)
+
+        result = stats.bootstrap((np.arange(num_seeds), np.arange(num_queries)), mean_of_chosen, n_resamples=resamples,
+                                 batch=batch, vectorized=True, paired=False, confidence_level=confidence,
+                                 method=BOOTSTRAP_METHOD, rng=rng)
+    low, high = (float(x) for x in result.confidence_interval)
+    return Interval(low, high, confidence, num_queries, num_seeds)
+
+
+def _counts(indices: np.ndarray, size: int) -> np.ndarray:
+    """Per row of ``indices`` (resamples x draws), how often each of ``size`` items was drawn."""
+    offsets = indices + size * np.arange(len(indices))[:, None]
+    return np.bincount(offsets.ravel(), minlength=len(indices) * size).reshape(len(indices), size).astype(float)
+
+
+def direction(differences: np.ndarray) -> Direction:
+    """Queries won / tied / lost by the system, on the per-query differences (averaged over seeds)."""
+    d = np.asarray(differences, dtype=float)
+    if d.ndim == 2:
+        d = d.mean(axis=0)
+    return Direction(int((d > DIFFERENCE_TOLERANCE).sum()), int((np.abs(d) <= DIFFERENCE_TOLERANCE).sum()),
+                     int((d < -DIFFERENCE_TOLERANCE).sum()))
+
+
+def effect_size(differences: np.ndarray) -> float | None:
+    """Mean per-query difference over its standard deviation (``ddof=1``; seeds averaged first).
+
+    None when undefined: fewer than two queries, or no spread (every query differs by the same
+    amount, 0 included)."""
+    d = np.asarray(differences, dtype=float)
+    if d.ndim == 2:
+        d = d.mean(axis=0)
+    d = np.where(np.abs(d) <= DIFFERENCE_TOLERANCE, 0.0, d)
+    if len(d) < 2:
+        return None
+    spread = float(np.std(d, ddof=1))
+    if spread <= DIFFERENCE_TOLERANCE or math.isnan(spread):
+        return None
+    return float(d.mean() / spread)
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """A comparison's difference with its interval, direction and effect size."""
+
+    difference: float
+    interval: Interval | None
+    direction: Direction
+    effect: float | None
+
+
+def compare_uncertainty(system: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]],
+                        interval: bool = True) -> Uncertainty:
+    """Seed -> query -> value of a system and its baseline: the mean difference, its bootstrap
+    interval (when ``interval``), the queries won/tied/lost and the effect size."""
+    d = difference_matrix(system, baseline)
+    return Uncertainty(float(d.mean()), bootstrap_interval(d) if interval else None, direction(d), effect_size(d))
