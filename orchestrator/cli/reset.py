@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.cli.sweep import load_sweep
     from orchestrator.core.tracking import open_tracker
     from orchestrator.sweep.runner import check_store_owner, sweep_lock, sweep_paths
-    from orchestrator.sweep.store import LOCK_FILE, MARKER, describe_foreign, foreign_entries
+    from orchestrator.sweep.store import LOCK_FILE, MARKER, STORE_ENTRIES, describe_foreign, foreign_entries
 
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
@@ -64,12 +64,18 @@ def run(args: argparse.Namespace) -> int:
         if experiment is not None:
             tracker.client.rename_experiment(experiment.experiment_id, f"{sweep.name}-reset-{int(time.time())}")
             tracker.client.delete_experiment(experiment.experiment_id)
+        left = []
         if stored:
             for child in paths.root.iterdir():
-                if child.name not in kept:
-                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+                if child.name in kept:
+                    continue
+                if child.name not in STORE_ENTRIES:  # put there by someone else since: never ours to remove
+                    left.append(child.name)
+                    continue
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
             from orchestrator.sweep.search import optuna_storage
 
             optuna_storage.cache_clear()  # a storage this process opened points at the removed file
-    emit(f"sweep {sweep.name} reset: removed {' and '.join(what)}; the next `orchestrate sweep` starts it afresh")
+    emit(f"sweep {sweep.name} reset: removed {' and '.join(what)}; the next `orchestrate sweep` starts it afresh"
+         + (f" (left what orchestrate did not write there: {', '.join(sorted(left))})" if left else ""))
     return 0

@@ -99,9 +99,12 @@ def test_reset_removes_a_store_it_wrote_and_one_written_before_the_marker(tmp_pa
     root = write_store(tmp_path)
     (root / "ray" / "demo").mkdir(parents=True)
     (root / "ray" / "demo" / "checkpoint.pt").write_bytes(b"x")
+    (root / "notes.md").write_text("mine")  # put into the marked store by its user: never ours to remove
     proc = orchestrate(tmp_path, "reset", "demo.yaml", "--yes")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"removed {root}" in proc.stdout and "MLflow experiment 'demo'" in proc.stdout
+    assert f"removed {root}" in proc.stdout and "MLflow experiment 'demo'" in proc.stdout and "left" in proc.stdout
+    assert (root / "notes.md").read_text() == "mine"
+    (root / "notes.md").unlink()
     assert sorted(p.name for p in root.iterdir()) == [MARKER, "sweep.lock"]  # still the store, and empty
     # a store written before the marker existed: only what a sweep writes (its record, Optuna's, the lock)
     (root / MARKER).unlink()
