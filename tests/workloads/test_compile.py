@@ -68,12 +68,15 @@ def test_compile_without_a_cxx_compiler_is_refused_with_one_line(monkeypatch):
 
     from workloads.models import cross_encoder
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "g++"))  # what inductor searches where CXX is unset
-    monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(InputError, match=r"optimization.compile: torch.compile needs a C\+\+ compiler"):
-        cross_encoder.require_compiler()
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    cross_encoder.require_compiler()  # this machine has one
+    # inductor's own patch, not monkeypatch: pytest's undo deletes an attribute it did not find in the
+    # proxy's __dict__, and a deleted inductor setting stays hidden for every later compile in the process
+    with inductor_config.patch({"cpp.cxx": (None, "g++")}):  # what inductor searches where CXX is unset
+        monkeypatch.setenv("PATH", "/nonexistent")
+        with pytest.raises(InputError, match=r"optimization.compile: torch.compile needs a C\+\+ compiler"):
+            cross_encoder.require_compiler()
+        monkeypatch.setenv("PATH", "/usr/bin:/bin")
+        cross_encoder.require_compiler()  # this machine has one
+    assert inductor_config.cpp.cxx[1]  # the setting is still there for the compiles after this test
 
 
 def test_orchestrate_run_refuses_compile_without_a_compiler_before_anything_is_tracked(tmp_path):
