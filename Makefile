@@ -20,11 +20,12 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/orchestrate sweep search_spaces/demo.yaml
 	$(VENV)/bin/orchestrate report search_spaces/demo.yaml
 
+# --durations: the slowest tests of every run are printed, so that a test that grows shows up in CI
 test: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
 
-test-fast: $(VENV)/.installed  # the inner loop: no Ray, Tune or end-to-end MLflow (about 2 minutes)
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+test-fast: $(VENV)/.installed  # the inner loop: no Ray, Tune or end-to-end MLflow
+	$(VENV)/bin/python -m pytest -q -m "not slow" --durations=10
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

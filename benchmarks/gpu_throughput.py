@@ -7,7 +7,7 @@ Runs where the project is not installed (a GPU image on another Python): from a 
 ``PYTHONPATH`` with only torch, transformers, pyarrow and numpy; sentence-transformers is used
 when importable and skipped otherwise. It imports no module that needs pydantic, ir_measures,
 Ray or MLflow: the step below is the loop's (``workloads.training.step.accumulated_step`` with
-pointwise BCE, ``workloads.training.rerank.prefetched``), written out so each phase can be timed.
+pointwise BCE, ``workloads.kinds.rerank.train.prefetched``), written out so each phase can be timed.
 
 Models are randomly initialised from their configs (throughput needs no weights, nothing is
 downloaded): BERT-base (12/768/12/3072), DistilBERT (6/768/12/3072), MiniLM-L6 (6/384/12/1536),

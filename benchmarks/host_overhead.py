@@ -1,6 +1,6 @@
 """Host (Python and dispatch) work per training step and per scoring batch: the loop as it was
 (617b804: stored ids turned into lists and padded by ``tokenizer.pad``, one host read per scoring
-batch) against the loop as it is (stored ids padded with numpy, ``workloads.tokenized.pad_stored``;
+batch) against the loop as it is (stored ids padded with numpy, ``workloads.text.tokenized.pad_stored``;
 scores read once per call), side by side in one process. A CPU proxy for the GPU's idle time
 (docs/performance.md, "The loop on a GPU"): on an H100 the step waited on exactly this work.
 
@@ -108,7 +108,7 @@ def operators(function) -> int:
 
 def reference_encode(model, queries, documents, stored):
     """The stored-ids path of 617b804: per-pair Python lists out of Arrow, then ``tokenizer.pad``."""
-    from workloads.tokenized import pad_features, tokenize_pairs
+    from workloads.text.tokenized import pad_features, tokenize_pairs
 
     features = stored.features(queries, documents)
     missing = [i for i, feature in enumerate(features) if feature is None]
@@ -201,10 +201,10 @@ def make_step(model, batch: int, length: int, compiled: bool = False, old: bool 
     is the sum of every step's loss either way."""
     import torch
 
-    from workloads.batching import PairStructure
+    from workloads.kinds.rerank.spec import LossSpec
     from workloads.losses import build_loss
+    from workloads.losses.base import PairStructure
     from workloads.models.cross_encoder import compile_encoder
-    from workloads.spec import LossSpec
     from workloads.training import TrainingObjective
     from workloads.training.step import RunningLoss, accumulated_step, adamw
 

@@ -141,8 +141,8 @@ def main() -> int:
     import numpy as np
     import torch
 
+    from workloads.kinds.rerank.steps import prepare_trial
     from workloads.models.cross_encoder import CrossEncoder, resolve_model_name, score_pairs
-    from workloads.trial import prepare_trial
 
     torch.set_num_threads(args.threads)
     path = resolve_model_name(args.model)

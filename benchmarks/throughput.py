@@ -37,9 +37,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from benchmarks._in_process import train_in_process
     from benchmarks._results import write_results
+    from workloads.kinds.rerank.spec import TrialSpec
+    from workloads.kinds.rerank.steps import prepare_trial
     from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, score_pairs
-    from workloads.spec import TrialSpec
-    from workloads.trial import prepare_trial
 
     def spec(pairs: int) -> TrialSpec:
         return TrialSpec.model_validate({

@@ -74,8 +74,8 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
+    from workloads.kinds.rerank.steps import prepare_trial
     from workloads.models.cross_encoder import CrossEncoder, compile_encoder, require_compiler, resolve_model_name
-    from workloads.trial import prepare_trial
 
     require_compiler()
     logging.basicConfig(level=logging.WARNING)

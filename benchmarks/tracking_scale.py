@@ -7,11 +7,11 @@ no training: the grid is ``search_spaces/doc19.yaml`` expanded by ``orchestrator
 epoch reported, trials told); each trial run is written by the sweep's own Tune callback
 (``MlflowTrialLogger``, fed fake Tune trial objects: full flattened spec params, per-epoch
 metrics at step = epoch, the training summary, the checkpoint tag); the 30 supervised selectors
-are written with the calls of ``lifecycle.ensure_requirement``; cell runs come from
-``runner._cell_runs``; each cell's winner is "tested" the way ``runner._evaluate_winners`` logs it
-(``lifecycle.log_target`` on the test target and the six zero-shot targets: aggregates,
+are written with the calls of ``orchestrator.lifecycle.run.ensure_requirement``; cell runs come from
+``runner._cell_runs``; each cell's winner is "tested" the way ``winners.evaluate_winners`` logs it
+(``orchestrator.lifecycle.targets.log_target`` on the test target and the six zero-shot targets: aggregates,
 per-query JSON, BM25 per-query JSON, the query texts, both TREC runs; winner tags, params), then
-the sweep run is closed and its default report logged (``runner.log_default_report``).
+the sweep run is closed and its default report logged (``orchestrator.cli.sweep.log_default_report``).
 Synthetic per-query values average exactly to the logged aggregates (the report cross-checks).
 Query counts: TREC DL 2019 doc judged 43; zero-shot the collections' real test counts (scifact
 300, fiqa 648, dbpedia-entity 400, trec-covid 50, nfcorpus 323, robust04 249). Not written: the
@@ -77,7 +77,7 @@ TARGETS_SECONDS = {"status": 5.0, "report": 60.0, "ui run list": 10.0}
 def _rng(*parts):
     import numpy as np
 
-    from workloads.paths import stable_key
+    from workloads.core.paths import stable_key
 
     return np.random.default_rng(int(stable_key(*parts), 16) % 2**63)
 
@@ -180,40 +180,25 @@ def sweep_and_cells(args):
 
 def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     """Write the doc19 store through the project's tracking code; returns seconds per phase."""
+    from orchestrator.cli.sweep import log_default_report
     from orchestrator.core import schema
     from orchestrator.core.execution import EpochResult
-    from orchestrator.core.lifecycle import (
-        Target,
-        TargetResult,
-        collection_label,
-        log_target,
-        log_training,
-        requirement_run_key,
-        requirements_needed,
-        targets,
-        test_data_identity,
-        timing,
-        training_summary,
-    )
     from orchestrator.core.tracking import Tracker
+    from orchestrator.lifecycle.identity import requirement_run_key, test_data_identity
+    from orchestrator.lifecycle.targets import Target, TargetResult, collection_label, log_target, targets
+    from orchestrator.lifecycle.training import log_training, timing, training_summary
     from orchestrator.sweep.grid import apply_params
+    from orchestrator.sweep.plan import experiment_description, zero_shot_targets
     from orchestrator.sweep.progress import SweepProgress
-    from orchestrator.sweep.runner import (
-        _cell_runs,
-        _zero_shot,
-        bind_store,
-        experiment_description,
-        log_default_report,
-        migrate_trial_axes,
-        reconcile_trial_runs,
-        sweep_paths,
-    )
+    from orchestrator.sweep.runner import _cell_runs, migrate_trial_axes
     from orchestrator.sweep.search import PRUNED_AT, TRAIN_RUN, CellStudiesSearcher
-    from orchestrator.sweep.trial_logger import MlflowTrialLogger
+    from orchestrator.sweep.store import bind_store, sweep_paths
+    from orchestrator.sweep.tune import MlflowTrialLogger, reconcile_trial_runs
+    from workloads.evaluation.reranking import Reranking
     from workloads.kinds import kind_of
-    from workloads.reranking import Reranking
-    from workloads.selectors.kind import COMPLETE_MARKER, selector_dir
-    from workloads.trial import choose_epoch
+    from workloads.kinds import requirements as requirements_needed
+    from workloads.kinds.rerank.steps import choose_epoch
+    from workloads.kinds.selector.trial_spec import COMPLETE_MARKER, selector_dir
 
     phases: dict[str, float] = {}
     started = time.perf_counter()
@@ -221,7 +206,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     sweep = sweep.model_copy(update={"search": sweep.search.model_copy(update={"trials_per_cell": args.trials})})
     paths = sweep_paths(sweep, storage_root)
     paths.root.mkdir(parents=True, exist_ok=True)
-    names = [t.name for t in targets(cells[0].spec, _zero_shot(sweep))]
+    names = [t.name for t in targets(cells[0].spec, zero_shot_targets(sweep))]
     collections = Collections(names, work / "collections", args.run_depth)
     phases["synthetic collections (not tracking)"] = time.perf_counter() - started
 
@@ -235,7 +220,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     root = tracker.sweep_run(experiment_id, sweep.name)
     tracker.client.update_run(root, status="RUNNING")
 
-    # selectors (lifecycle.ensure_requirement's tracking calls, without training)
+    # selectors (orchestrator.lifecycle.run_trial's tracking calls, without training)
     selectors = requirements_needed([c.spec for c in cells])
     for number, selector in enumerate(selectors):
         kind = kind_of(selector)
@@ -319,11 +304,11 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
         logger.on_trial_complete(0, [], trial)
     phases[f"{trial_count} trial runs ({pruned} pruned) with Optuna"] = time.perf_counter() - mark
 
-    # the winners, tested (runner._evaluate_winners' calls, the evaluation itself synthetic)
+    # the winners, tested (winners.evaluate_winners' calls, the evaluation itself synthetic)
     import optuna
 
     mark = time.perf_counter()
-    zero_shot = _zero_shot(sweep)
+    zero_shot = zero_shot_targets(sweep)
     for cell in cells:
         run_id = cell_runs[cell.key]
         study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
@@ -452,8 +437,8 @@ PROFILE_GROUPS = {  # (file fragment, function) whose cumulative time is reporte
     "optuna get_trials": ("optuna/study/study.py", "get_trials"),
     "project expand_grid": ("orchestrator/sweep/grid.py", "expand_grid"),
     "project load_sweep": ("orchestrator/sweep/grid.py", "load_sweep"),
-    "project dry_run_report": ("orchestrator/sweep/runner.py", "dry_run_report"),
-    "project progress (Optuna per cell)": ("orchestrator/sweep/runner.py", "progress"),
+    "project dry_run_report": ("orchestrator/sweep/plan.py", "dry_run_report"),
+    "project progress (Optuna per cell)": ("orchestrator/sweep/plan.py", "progress"),
     "project load_sweep_results": ("orchestrator/report/results.py", "load_sweep_results"),
     "project RunReader._load (per-query artifacts)": ("orchestrator/report/results.py", "_load"),
     "project grid_table": ("orchestrator/report/tables.py", "grid_table"),
@@ -461,7 +446,7 @@ PROFILE_GROUPS = {  # (file fragment, function) whose cumulative time is reporte
     "project _plots (matplotlib)": ("orchestrator/report/build.py", "_plots"),
     "project selector_block": ("orchestrator/report/build.py", "selector_block"),
     "project search_line": ("orchestrator/report/build.py", "search_line"),
-    "project sweep_status": ("orchestrator/sweep/runner.py", "sweep_status"),
+    "project sweep_status": ("orchestrator/sweep/status.py", "sweep_status"),
     "project main": ("orchestrator/cli/__init__.py", "main"),
 }
 

@@ -40,8 +40,8 @@ def main() -> int:
     import torch
 
     from orchestrator.core.execution import init_ray, set_environment_defaults, train_on_ray
-    from workloads.spec import TrialSpec
-    from workloads.trial import prepare_trial
+    from workloads.kinds.rerank.spec import TrialSpec
+    from workloads.kinds.rerank.steps import prepare_trial
 
     set_environment_defaults()
     spec = TrialSpec.model_validate({

@@ -1,6 +1,6 @@
 """What a fresh Tune process per sweep trial costs against reusing finished trials' processes.
 
-The sweep's own Tune trial function (``orchestrator.sweep.runner._sweep_trial``: the trial's
+The sweep's own Tune trial function (``orchestrator.sweep.tune._sweep_trial``: the trial's
 Ray Train fit, reported to Tune) runs the same trial ``--trials`` times, ``--concurrent`` at
 a time, under two Tune settings side by side in one local Ray: ``reuse_actors=False`` (Tune's
 default: every trial starts a process that imports Ray Train, torch and our modules) and
@@ -31,7 +31,7 @@ def run_variant(spec, storage: Path, trials: int, concurrent: int, reuse: bool, 
     import ray.tune
 
     from orchestrator.core.schema import OBJECTIVE, TIME_OVERHEAD, TIME_STARTUP, TIME_TRAIN_WALL
-    from orchestrator.sweep.runner import _sweep_trial
+    from orchestrator.sweep.tune import _sweep_trial
 
     name = name or ("reused" if reuse else "fresh")
     config = {"spec": spec.model_dump(mode="json"), "cell": "bench", "storage": str(storage),
@@ -70,8 +70,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from orchestrator.core.execution import init_ray, set_environment_defaults
-    from workloads.spec import TrialSpec
-    from workloads.trial import prepare_trial
+    from workloads.kinds.rerank.spec import TrialSpec
+    from workloads.kinds.rerank.steps import prepare_trial
 
     set_environment_defaults()
     spec = TrialSpec.model_validate({  # the demo's trial shape (search_spaces/demo.yaml), no augmentation

@@ -63,7 +63,7 @@ DATASETS = {
 
 
 def trial_spec(dataset: str, max_length: int, pairs: int, batch_size: int, precision: str, model: str):
-    from workloads.spec import TrialSpec
+    from workloads.kinds.rerank.spec import TrialSpec
 
     return TrialSpec.model_validate({
         "name": f"bench-{dataset}-{max_length}", "seed": 13, **DATASETS[dataset],
@@ -186,8 +186,8 @@ def main() -> int:
     import torch
 
     from workloads import training
+    from workloads.kinds.rerank.steps import prepare_trial
     from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, resolve_model_name, score_pairs
-    from workloads.trial import prepare_trial
 
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)

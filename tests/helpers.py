@@ -1,13 +1,26 @@
 """Helpers of the end-to-end tests: tiny sweep and trial files, the CLI in a subprocess, MLflow look-ups."""
 
 import contextlib
+import io
+import logging
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+import traceback
+import urllib.request
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import pytest
 import yaml
+
+from orchestrator import cli
+from orchestrator.cli import output
+from orchestrator.core.tracking import Tracker
 
 
 def free_port() -> int:
@@ -41,20 +54,90 @@ def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epoch
     return path
 
 
+FAIL_CELLS_ENV = "ORCHESTRATE_TEST_FAIL_CELLS"  # the test hook: trials of these cells raise on purpose
+
+
 def orchestrate(work: Path, *args, background=False, fail_cells: tuple[str, ...] = ()):
+    """``orchestrate ARGS`` in a fresh interpreter (``background``: started, not waited for)."""
     cmd = [sys.executable, "-m", "orchestrator.cli", *args]
     env = dict(os.environ)
-    if fail_cells:  # the test hook: trials of these cells raise on purpose
-        env["ORCHESTRATE_TEST_FAIL_CELLS"] = ",".join(fail_cells)
+    if fail_cells:
+        env[FAIL_CELLS_ENV] = ",".join(fail_cells)
     if background:
         return subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL,
                                 stderr=open(work / "background.err", "w"), start_new_session=True)
     return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
 
 
-def mlflow_runs(uri: str, experiment: str):
-    from orchestrator.core.tracking import Tracker
+class _CommandTimedOut(BaseException):
+    """Raised by SIGALRM inside an in-process command; a BaseException, so no ``except Exception`` hides it."""
 
+
+def run_cli(cwd: Path | None, *args: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``orchestrate ARGS`` in this process, as a subprocess would see it: results (stdout) and
+    the rest (stderr) captured apart, the exit code returned (SystemExit and tracebacks included),
+    run in ``cwd`` with ``env`` added to the environment. Imports and Ray's first start are paid
+    once per test session instead of once per call (a fresh interpreter costs seconds on 2 cores).
+    The working directory, environment and the project's logging are restored afterwards, and a
+    Ray the command started is shut down.
+    For what a subprocess alone shows (signals, exit of the interpreter, descriptor-level output,
+    a fresh interpreter's imports) use :func:`orchestrate`."""
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, saved_stream = dict(os.environ), os.getcwd(), getattr(output, "_result_stream", None)
+    project = logging.getLogger("rerank_lab")
+    saved_logging = (list(project.handlers), project.level, project.propagate)
+
+    def route_results():  # the real one re-points descriptor 1 for the rest of the process
+        output._result_stream = out
+        sys.stdout = sys.stderr
+
+    def timed_out(signum, frame):
+        raise _CommandTimedOut(f"orchestrate {' '.join(args)} ran past {timeout} s")
+
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    previous_alarm = signal.signal(signal.SIGALRM, timed_out)
+    signal.alarm(timeout)
+    original_route = output.route_results
+    output.route_results = route_results
+    cli_route = vars(cli).get("route_results")  # the name main() calls, when the package imports it
+    if cli_route is not None:
+        cli.route_results = route_results
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = cli.main([str(a) for a in args])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if exc.code is not None and not isinstance(exc.code, int):
+                    print(exc.code, file=sys.stderr)
+            except Exception:  # the interpreter would print the traceback and exit 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous_alarm)
+        if not ray_before and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()  # a Ray the command started ends with it, as with its process
+        output.route_results = original_route
+        if cli_route is not None:
+            cli.route_results = cli_route
+        output._result_stream = saved_stream
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for handler in list(project.handlers):
+            project.removeHandler(handler)
+        for handler in saved_logging[0]:
+            project.addHandler(handler)
+        project.setLevel(saved_logging[1])
+        project.propagate = saved_logging[2]
+    return subprocess.CompletedProcess(["orchestrate", *map(str, args)], code or 0, out.getvalue(), err.getvalue())
+
+
+def mlflow_runs(uri: str, experiment: str):
     client = Tracker(uri).client  # metrics under the code's names, whichever way the store names them
     found = client.get_experiment_by_name(experiment)
     return client, (client.search_runs([found.experiment_id], max_results=1000) if found else [])
@@ -87,10 +170,6 @@ REQUIRE_BROWSER_ENV = "ORCHESTRATE_REQUIRE_BROWSER"
 
 def chromium_driver():
     """A headless Chromium driven by Selenium, or the test skips (fails under REQUIRE_BROWSER_ENV)."""
-    import shutil
-
-    import pytest
-
     binary = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     chromedriver = shutil.which("chromedriver")
     try:
@@ -117,10 +196,6 @@ def chromium_driver():
 def serve_ui(work: Path, config: Path, uri: str, port: int, timeout: float = 120):
     """`orchestrate ui CONFIG` in the background until the server answers; yields the links it
     printed ({label: url}); stopped on exit."""
-    import signal
-    import time
-    import urllib.request
-
     log_path = work / f"ui-{port}.err"
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", str(config), "--tracking-uri", uri,
                              "--port", str(port)], cwd=work, env=dict(os.environ), stdout=subprocess.DEVNULL,

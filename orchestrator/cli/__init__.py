@@ -14,11 +14,13 @@ import logging
 import os
 import sys
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 
-from orchestrator.cli.output import HelpFormatter
-from workloads.errors import InputError
-from workloads.logs import LEVEL_ENV, get_logger
-from workloads.logs import configure as configure_logging
+from orchestrator.cli.output import HelpFormatter, route_results
+from orchestrator.core.interrupts import EXIT_INTERRUPTED, Interrupted
+from workloads.core.errors import InputError
+from workloads.core.logs import LEVEL_ENV, get_logger
+from workloads.core.logs import configure as configure_logging
 
 log = get_logger("orchestrate")
 
@@ -36,8 +38,6 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("rerank-lab")
     except PackageNotFoundError:
@@ -78,9 +78,7 @@ def _stop_ray_output() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.cli.output import route_results
     from orchestrator.core.execution import set_environment_defaults
-    from orchestrator.core.interrupts import EXIT_INTERRUPTED, Interrupted
 
     set_environment_defaults()
     args = build_parser().parse_args(argv)

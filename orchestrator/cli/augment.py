@@ -6,7 +6,8 @@ import argparse
 import textwrap
 
 from orchestrator.cli.output import HelpFormatter, bounded, emit
-from workloads.errors import InputError
+from orchestrator.cli.run import selected_trials
+from workloads.core.errors import InputError
 
 
 def add_parser(sub, common) -> None:
@@ -24,8 +25,7 @@ def add_parser(sub, common) -> None:
 def run(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from orchestrator.cli.run import selected_trials
-    from workloads.trial import prepare_trial
+    from workloads.kinds.rerank.steps import prepare_trial
 
     _, specs = selected_trials(args)
     specs = [s for s in specs if getattr(s, "augmentation", None) is not None and s.augmentation.method != "none"]

@@ -7,7 +7,9 @@ import dataclasses
 import json
 
 from orchestrator.cli.output import HelpFormatter, bounded, emit, metrics_table
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.evaluation import evaluate
+from workloads.retrieval.bm25 import BM25Params, RM3Params, retrieve
 
 
 def add_parser(sub, common) -> None:
@@ -33,9 +35,7 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.data.collections import resolve_collection
-    from workloads.evaluation import evaluate
-    from workloads.retrieval.bm25 import BM25Params, RM3Params, retrieve
+    from workloads.data.resolve import resolve_collection
 
     if not args.rm3 and (args.fb_terms, args.fb_docs, args.original_query_weight) != (10, 10, 0.5):
         raise InputError("--fb-terms/--fb-docs/--original-query-weight", "set RM3's options: add --rm3")

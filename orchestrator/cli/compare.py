@@ -6,6 +6,7 @@ import argparse
 import json
 
 from orchestrator.cli.output import HelpFormatter, add_tracking, bounded, emit
+from orchestrator.cli.report import _open
 
 
 def add_parser(sub, common) -> None:
@@ -25,7 +26,6 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli.report import _open
     from orchestrator.report.compare import compare_runs, format_comparison
 
     args.log = False

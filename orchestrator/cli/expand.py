@@ -7,6 +7,8 @@ import argparse
 import json
 
 from orchestrator.cli.output import HelpFormatter, bounded, emit, metrics_table
+from workloads.core.errors import InputError
+from workloads.evaluation import PRIMARY_METRIC, RETRIEVAL_MEASURES, evaluate
 
 MAX_DEPTH = 1000  # as an EAR trial's ear.depth
 
@@ -37,13 +39,11 @@ def add_parser(sub, common) -> None:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from workloads.data.collections import resolve_collection
-    from workloads.errors import InputError
-    from workloads.evaluation import evaluate
+    from workloads.data.resolve import resolve_collection
     from workloads.evaluation.significance import paired_test
-    from workloads.expansion.comparison import LABELS
-    from workloads.expansion.retrieval import SYSTEMS, unchosen_systems
-    from workloads.expansion.sources import expansions
+    from workloads.kinds.ear.comparison import LABELS
+    from workloads.kinds.ear.retrieval import SYSTEMS, unchosen_systems
+    from workloads.kinds.ear.sources import expansions
     from workloads.spec import ExpansionSpec
 
     try:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     evaluations = {name: evaluate(runs[name], qrels, collection.relevance_level, measures) for name in SYSTEMS}
     labels = dict(LABELS)
     for trial in trials:  # each kept EAR reranker's choice, beside the oracle's
-        from workloads.expansion.training import transferred_choice
+        from workloads.kinds.ear.steps import transferred_choice
 
         name = f"ear-{trial.ear.reranker}:{trial.name}"
         labels[name] = f"EAR-{trial.ear.reranker.upper()} ({trial.name})"
@@ -95,8 +95,6 @@ SEEDED_SOURCES = ("pseudo_relevance", "generator")
 def measures_within(depth: int) -> tuple[str, ...]:
     """The retrieval measures a top-``depth`` run supports: none whose cutoff is deeper (R@100 of
     a top-20 run is R@20), but nDCG@10, which the comparison is made in, always."""
-    from workloads.evaluation import PRIMARY_METRIC, RETRIEVAL_MEASURES
-
     def cutoff(name: str) -> int:
         _, at, number = name.rpartition("_at_")
         return int(number) if at else 0
@@ -106,8 +104,7 @@ def measures_within(depth: int) -> tuple[str, ...]:
 
 def ear_trials(paths: list[str]) -> list:
     """The EAR trials of ``--ear``, each read and found trained (one line naming the option otherwise)."""
-    from workloads.errors import InputError
-    from workloads.expansion.kind import ear_dir, load_ear_trial, trained_ear
+    from workloads.kinds.ear.spec import ear_dir, load_ear_trial, trained_ear
 
     trials = []
     for path in paths:

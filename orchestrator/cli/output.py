@@ -8,6 +8,7 @@ goes to stderr, so ``--json`` output stays parseable.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -55,8 +56,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def bounded(kind: type, low: float | None = None, high: float | None = None, what: str = "a value"):
     """An argparse ``type`` that takes a finite number in [low, high] (one line otherwise)."""
-    import math
-
     def parse(text: str):
         try:
             value = kind(text)

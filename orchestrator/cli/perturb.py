@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from orchestrator.cli.output import HelpFormatter, bounded, emit
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.text.perturbations import PERTURBATIONS, perturb_queries
 
 
 def add_parser(sub, common) -> None:
@@ -20,8 +21,7 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workloads.data.collections import resolve_collection
-    from workloads.perturbations import PERTURBATIONS, perturb_queries
+    from workloads.data.resolve import resolve_collection
 
     names = args.perturbations.split(",") if args.perturbations else list(PERTURBATIONS)
     unknown = [n for n in names if n not in PERTURBATIONS]

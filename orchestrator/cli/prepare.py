@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.cli.output import HelpFormatter, emit
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 
 
 def add_parser(sub, common) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub, common) -> None:
 
 def units_of(path: Path) -> tuple[str, list]:
     """(name, preparation units) of a sweep (a file with a ``grid``) or a trial file."""
-    from orchestrator.core.preparation import trial_unit
+    from orchestrator.lifecycle.preparation import trial_unit
 
     try:
         is_sweep = isinstance(loaded := yaml.safe_load(path.read_text()), dict) and "grid" in loaded
@@ -31,22 +31,19 @@ def units_of(path: Path) -> tuple[str, list]:
         is_sweep = False  # the loaders below say what is wrong, with the line
     if is_sweep:
         from orchestrator.sweep.grid import expand_grid, load_sweep
-        from orchestrator.sweep.runner import preparation_units
+        from orchestrator.sweep.plan import preparation_units
 
         sweep = load_sweep(path)
         return sweep.name, preparation_units(sweep, expand_grid(sweep))
     from orchestrator.cli.run import selected_trials
-    from orchestrator.core.preparation import Unit
 
     experiment, specs = selected_trials(argparse.Namespace(config=str(path)))
-    if getattr(specs[0], "kind", None) == "ear":  # an EAR trial's data is its own: no targets beyond it
-        return experiment, [Unit(spec.name, (spec,)) for spec in specs]
     return experiment, [trial_unit(spec.name, [spec]) for spec in specs]
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.lifecycle import refuse_configuration_problems
-    from orchestrator.core.preparation import cache_files, fetch_models, prepare_units
+    from orchestrator.lifecycle.preflight import refuse_configuration_problems
+    from orchestrator.lifecycle.preparation import cache_files, fetch_models, prepare_units
 
     name, units = units_of(Path(args.config))
     if not units:

@@ -7,14 +7,15 @@ import argparse
 from pathlib import Path
 
 from orchestrator.cli.output import HelpFormatter, add_storage, add_tracking, bounded, emit
-from workloads.errors import InputError
-from workloads.logs import get_logger
+from workloads.core.errors import InputError
+from workloads.core.logs import get_logger
 
 log = get_logger("orchestrate")
 
 
 def add_parser(sub, common) -> None:
-    from orchestrator.report.tables import FAMILIES, RENDERERS
+    from orchestrator.report.render import RENDERERS
+    from orchestrator.report.tables import FAMILIES
     from workloads.evaluation.significance import CORRECTIONS, PAIRED_TESTS
 
     parser = sub.add_parser("report", help="paper-style tables, significance and figures of one or more sweeps",
@@ -66,17 +67,16 @@ def _open(args):
 
 
 def _check_storage(sweep, storage: str) -> None:
-    from orchestrator.sweep.runner import sweep_paths
-    from orchestrator.sweep.store import record_owner
+    from orchestrator.sweep.store import record_owner, sweep_paths
 
     record_owner(sweep, sweep_paths(sweep, Path(storage)).root)
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli.sweep import load_sweep
     from orchestrator.report.build import ReportRequest, build_report, parse_select
     from orchestrator.report.results import metric_key
     from orchestrator.report.tables import TableOptions
+    from orchestrator.sweep.grid import load_sweep
 
     if args.robustness:
         return _robustness(args)
@@ -97,11 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _robustness(args: argparse.Namespace) -> int:
     """``report --robustness``: a trial file's trials, or a sweep's finished cells, clean vs perturbed."""
-    from orchestrator.cli.sweep import load_sweep
     from orchestrator.core.config import read_yaml
     from orchestrator.report.build import load_results
+    from orchestrator.report.render import RENDERERS
     from orchestrator.report.robustness import sweep_robustness, trial_file_robustness
-    from orchestrator.report.tables import RENDERERS
+    from orchestrator.sweep.grid import load_sweep
 
     tracker = _open(args)
     options = {"correction": args.correction, "family": args.family, "ci": args.ci, "show_seeds": args.seeds}

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from orchestrator.cli.output import HelpFormatter, add_storage, add_tracking, emit
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 
 
 def add_parser(sub, common) -> None:
@@ -32,10 +32,18 @@ def run(args: argparse.Namespace) -> int:
     Only a store that orchestrate wrote for this sweep is removed (its marker, or for a store
     written before the marker, nothing in it but what a sweep writes): a folder of the user's
     that carries the sweep's name is one line, and nothing at all is removed."""
-    from orchestrator.cli.sweep import load_sweep
     from orchestrator.core.tracking import open_tracker
-    from orchestrator.sweep.runner import check_store_owner, sweep_lock, sweep_paths
-    from orchestrator.sweep.store import LOCK_FILE, MARKER, STORE_ENTRIES, describe_foreign, foreign_entries
+    from orchestrator.sweep.grid import load_sweep
+    from orchestrator.sweep.store import (
+        LOCK_FILE,
+        MARKER,
+        STORE_ENTRIES,
+        check_store_owner,
+        describe_foreign,
+        foreign_entries,
+        sweep_lock,
+        sweep_paths,
+    )
 
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))

@@ -7,9 +7,29 @@ import json
 from pathlib import Path
 
 from orchestrator.cli.output import HelpFormatter, add_tracking, emit
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 
-KINDS = ("sweep", "cell", "trial", "selector", "ear")
+
+class _RunKinds:
+    """The KIND_TAG values (``schema.run_kinds``: sweep, cell, then every registered trial kind's),
+    read when ``--kind`` is checked or shown: parsing the command line imports no trial kind."""
+
+    def _kinds(self) -> tuple[str, ...]:
+        from orchestrator.core.schema import run_kinds
+
+        return run_kinds()
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._kinds()
+
+    def __iter__(self):
+        return iter(self._kinds())
+
+    def index(self, value: str) -> int:
+        return self._kinds().index(value)
+
+
+KINDS = _RunKinds()
 
 
 def add_parser(sub, common) -> None:
@@ -30,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     data, _ = read_yaml(Path(args.config))
     sweep = None
     if "grid" in data:
-        from orchestrator.cli.sweep import load_sweep
+        from orchestrator.sweep.grid import load_sweep
 
         sweep = load_sweep(args.config)
         experiment = sweep.name

@@ -20,9 +20,9 @@ def add_parser(sub, common) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.cli.sweep import load_sweep
     from orchestrator.core.tracking import open_tracker
-    from orchestrator.sweep.runner import sweep_status
+    from orchestrator.sweep.grid import load_sweep
+    from orchestrator.sweep.status import sweep_status
 
     sweep = load_sweep(args.config)
     status = sweep_status(sweep, open_tracker(args.tracking_uri, write=False), Path(args.storage))

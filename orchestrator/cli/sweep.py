@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from orchestrator.cli.output import HelpFormatter, add_address, add_storage, add_tracking, bounded, emit
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 
 
 def add_parser(sub, common) -> None:
@@ -40,18 +40,13 @@ def add_parser(sub, common) -> None:
 DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per-hour": "price_per_hour"}
 
 
-def load_sweep(path: str):
-    from orchestrator.sweep.grid import load_sweep as load
-
-    return load(Path(path))
-
-
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core.execution import check_ray_address
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
-    from orchestrator.sweep.grid import check_targets, expand_grid
-    from orchestrator.sweep.runner import dry_run_report, preflight, run_sweep, sweep_paths
-    from orchestrator.sweep.store import claim_store
+    from orchestrator.sweep.grid import check_targets, expand_grid, load_sweep
+    from orchestrator.sweep.plan import dry_run_report, preflight
+    from orchestrator.sweep.runner import run_sweep
+    from orchestrator.sweep.store import claim_store, sweep_paths
 
     given = [option for option, value in DRY_RUN_ONLY.items() if getattr(args, value) is not None]
     if given and not args.dry_run:  # the estimate is the dry run's: a sweep that runs would ignore them
@@ -63,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
         profile = choose_profile(sweep, args.device, args.throughput)  # the options checked before any work
         check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
-        from orchestrator.core.staging import staging_problems, sweep_specs
+        from orchestrator.core.staging import staging_problems
+        from orchestrator.sweep.grid import sweep_specs
 
         # (and, offline, every prebuilt index name and what the workers' storage lacks: orchestrator.core.staging)
         report = {**dry_run_report(sweep, paths), "preflight": list(dict.fromkeys(preflight(sweep) + staging_problems(sweep_specs(sweep))))}
@@ -73,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Every check that can refuse comes before the first write: a Ray address that does not
         # answer or a storage that cannot be written leaves no MLflow store behind.
-        from orchestrator.core.staging import require_staged, sweep_specs
+        from orchestrator.core.staging import require_staged
+        from orchestrator.sweep.grid import sweep_specs
 
         require_staged(sweep_specs(sweep), args.config)  # an unknown index name, a file the workers cannot read
         check_ray_address(args.address)
@@ -81,12 +78,28 @@ def run(args: argparse.Namespace) -> int:
         claim_store(paths.root, sweep.name)  # created and marked; a user's folder of the sweep's name is refused
         tracker = open_tracker(args.tracking_uri)
         report = run_sweep(sweep, tracker, Path(args.storage), ray_address=args.address, verbose=args.verbose,
-                           max_concurrent=args.max_concurrent)
+                           max_concurrent=args.max_concurrent, on_finished=log_default_report)
     if args.json:
         emit(json.dumps(report, indent=2))
     else:
         print_plan(report)
     return 0
+
+
+def log_default_report(sweep, tracker) -> None:
+    """The finished sweep's report (the default table, its figures) on the sweep run, where the
+    MLflow UI shows it; ``orchestrate report`` writes there only when asked (``--log``)."""
+    import tempfile
+
+    from orchestrator.report.build import ReportRequest, build_report
+    from orchestrator.report.tables import TableOptions
+    from workloads.core.logs import get_logger
+
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            build_report([sweep], tracker, Path(out), ReportRequest(options=TableOptions(), log_to_mlflow=True))
+    except InputError as exc:  # a report that cannot be made leaves the results as they are
+        get_logger("sweep").warning("the sweep's report was not logged to MLflow: %s", exc)
 
 
 def print_plan(report: dict) -> None:
@@ -118,11 +131,13 @@ def print_plan(report: dict) -> None:
                  f"{'trained' if e['trained'] else 'to train'}")
     for problem in report.get("preflight", []):
         emit(f"would stop the sweep before it computes: {problem}")
-    width = max([22, *(len(c["loss"]) + 2 for c in report["cells_detail"])])
-    aug_width = max([13, *(len(c["augmentation"]) + 2 for c in report["cells_detail"])])
+    axes = ("model", "loss", "augmentation", "size", "seed")  # a kind's grid has some of them: "-" for the others
+    cells = [{**dict.fromkeys(axes, "-"), **c} for c in report["cells_detail"]]
+    width = max([22, *(len(c["loss"]) + 2 for c in cells)])
+    aug_width = max([13, *(len(c["augmentation"]) + 2 for c in cells)])
     emit(f"{'cell':<22}{'model':<26}{'loss':<{width}}{'augmentation':<{aug_width}}{'size':>7}{'seed':>6}{'done':>6}{'best':>8}"
          "  searched / status")
-    for c in report["cells_detail"]:
+    for c in cells:
         status = c["unavailable"] or ", ".join(n.rstrip("_") for n in c["searched"])
         best = f"{c['best']:.4f}" if c["best"] is not None else "-"
         emit(f"{c['key']:<22}{c['model'][:25]:<26}{c['loss']:<{width}}{c['augmentation']:<{aug_width}}{c['size']:>7}"

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
+from urllib.parse import quote
 
 from orchestrator.cli.output import HelpFormatter, add_tracking, bounded
-from workloads.errors import InputError
-from workloads.logs import get_logger
+from workloads.core.errors import InputError
+from workloads.core.logs import get_logger
 
 log = get_logger("orchestrate")
 
@@ -63,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
 
 def experiment_of(config: str) -> str:
     """The experiment a sweep file (its name) or a trial file (its experiment) writes to."""
-    from pathlib import Path
-
     from orchestrator.cli.prepare import units_of
 
     name, _ = units_of(Path(config))
@@ -74,10 +75,7 @@ def experiment_of(config: str) -> str:
 def experiment_links(tracker, name: str, base: str) -> dict[str, str]:
     """The UI's pages for experiment ``name``: its run list, the list filtered to cell runs, and
     the comparison of every cell (MLflow's compare page: parallel coordinates, scatter, contour)."""
-    import json
-    from urllib.parse import quote
-
-    from orchestrator.core import schema
+    from orchestrator.core import schema  # noqa: PLC0415  (lazy: the run store's vocabulary loads the kinds, and torch)
 
     experiment = tracker.client.get_experiment_by_name(name)
     if experiment is None:

@@ -8,8 +8,8 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workloads.errors import InputError
-from workloads.paths import resolve_paths  # one rule for every file that names files (an EAR trial's too)
+from workloads.core.errors import InputError
+from workloads.core.paths import resolve_paths  # one rule for every file that names files (an EAR trial's too)
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -75,11 +75,6 @@ def _describe(error: dict) -> str:
     return f"{location}: {message}" if location else message
 
 
-# the tags of a sweep's grid union (orchestrator.sweep.grid): pydantic names them in an error's
-# location, the file does not (``grid.losses.0``, not ``grid.rerank.losses.0``)
-GRID_TAGS = ("rerank", "ear")
-
-
 def input_error(exc: ValidationError, path: Path, lines: dict[tuple, int], under: tuple = ()) -> InputError:
     """The first validation error as one line naming the file, the line and the key.
 
@@ -87,8 +82,7 @@ def input_error(exc: ValidationError, path: Path, lines: dict[tuple, int], under
     error in a cell's trial spec points at the base key that caused it.
     """
     first = exc.errors()[0]
-    loc = under + tuple(p for i, p in enumerate(first["loc"]) if not (isinstance(p, str) and p.startswith("function-"))
-                        and not (i and first["loc"][i - 1] == "grid" and p in GRID_TAGS))
+    loc = under + tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), None)
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return InputError(f"{path}:{line}" if line else path, _describe({**first, "loc": loc}) + more)

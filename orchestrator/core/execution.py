@@ -15,12 +15,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+import yaml
+
 from orchestrator.core.schema import OBJECTIVE
-from workloads.errors import InputError
-from workloads.logs import LEVEL_ENV
-from workloads.logs import configure as configure_logging
-from workloads.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
-from workloads.spec import TrialSpec
+from workloads.core.errors import InputError
+from workloads.core.logs import LEVEL_ENV
+from workloads.core.logs import configure as configure_logging
+from workloads.core.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
+from workloads.kinds import TRIAL_KINDS, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT"
 # Where Ray's State API is served, for the workers of a Ray this process starts (see init_ray).
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
-# orchestrator.sweep.runner); passed to Ray workers when set, never set in production.
+# orchestrator.sweep.tune); passed to Ray workers when set, never set in production.
 TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
 
 
@@ -232,7 +235,6 @@ def _monitor_cluster_file() -> dict:
     # isort: off
     import ray  # first: psutil is Ray's vendored copy (ray/thirdparty_files, on the path once ray is imported)
     import psutil
-    import yaml
     # isort: on
 
     port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
@@ -278,7 +280,7 @@ def trial_capacity(spec) -> Capacity:
     that makes the autoscaler start nodes; finished cells leave nodes idle and it removes
     them. Without an autoscaler, the live nodes (a worker must fit on one node). Where the
     limits could not be read, the live nodes too, with ``unreadable`` saying why: a number no
-    sweep runs on (:func:`orchestrator.sweep.runner._max_concurrent`)."""
+    sweep runs on (:func:`orchestrator.sweep.tune._max_concurrent`)."""
     import ray
 
     worker = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if _use_gpu(spec) else {})}
@@ -324,7 +326,7 @@ def cluster_has_gpu() -> bool:
                for node in _autoscaling_config().get("available_node_types", {}).values())
 
 
-def _use_gpu(spec: TrialSpec) -> bool:
+def _use_gpu(spec) -> bool:
     return cluster_has_gpu() if spec.resources.use_gpu == "auto" else bool(spec.resources.use_gpu)
 
 
@@ -338,8 +340,6 @@ def _train_loop_per_worker(config: dict) -> None:
     # Runs in every Ray Train worker; torch.distributed is already set up by TorchTrainer.
     import ray.train
     import ray.train.torch
-
-    from workloads.kinds import TRIAL_KINDS
 
     # Ray Train's start-up: the controller, the worker group, torch.distributed and the imports
     # (wall clock: the trainer was made in another process; this attempt's first report carries it)
@@ -381,8 +381,6 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
     by itself, releasing its workers, once that file exists (a sweep's pruning decision)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    from workloads.kinds import kind_of
 
     use_gpu = _use_gpu(spec)
     resources = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
@@ -439,15 +437,6 @@ def train_on_ray(spec, inputs, storage_path: Path, run_name: str) -> list[EpochR
         raise
 
 
-def submit_evaluation(spec: TrialSpec, prepared, checkpoint: str, interpolation: float | str = "none"):
-    """Start re-ranking the test candidates with ``checkpoint`` as a Ray task (a GPU when the
-    cluster has one); returns the ObjectRef of its ``Reranking``, so many evaluations can
-    share the cluster. ``interpolation``: see ``workloads.trial.final_interpolation``."""
-    from workloads.trial import evaluate_checkpoint
-
-    return submit_task(spec, evaluate_checkpoint, Path(checkpoint), prepared, spec, interpolation=interpolation)
-
-
 def submit_task(spec, function, *args, **kwargs):
     """``function(*args, device=..., **kwargs)`` as a Ray task with the trial's resources (a GPU
     when the cluster has one and the spec allows it); returns its ObjectRef."""
@@ -457,8 +446,6 @@ def submit_task(spec, function, *args, **kwargs):
 
     @ray.remote(num_cpus=spec.resources.cpus_per_worker, num_gpus=1 if use_gpu else 0, max_retries=1)
     def task():
-        import torch
-
         configure_logging()
         return function(*args, device=torch.device("cuda") if use_gpu else torch.device("cpu"), **kwargs)
 

@@ -17,11 +17,11 @@ These are the code's names; MLflow stores them grouped by slashes (``test/ndcg_a
 from __future__ import annotations
 
 from workloads.evaluation import MEASURES
-from workloads.expansion.kind import EarTrialSpec
-from workloads.paths import stable_key
-from workloads.spec import LossSpec, RerankingSpec, TrialSpec
-from workloads.text.sentences import SPLITTER_VERSION
-from workloads.training import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, SELECTION_METRIC, WEIGHT_METRIC
+from workloads.kinds import TRIAL_KINDS, kind_of
+from workloads.kinds.rerank.augmentation.supervised import SELECTOR_DATA_TAG as SELECTOR_DATA_TAG  # the selector kind's tag
+from workloads.kinds.rerank.epoch_metrics import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, WEIGHT_METRIC
+from workloads.kinds.selector.kind import KIND as SELECTOR_KIND
+from workloads.training import SELECTION_METRIC
 
 # ----------------------------------------------------------------------------- tags
 
@@ -35,7 +35,7 @@ WINNER_TAG = "rerank_lab.winner"        # on a cell: its winning trial run; on t
 WINNER_PARAMS_TAG = "winner_params"
 BASELINE_TAG = "baseline"
 CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint; on a selector run: the trained selector
-SELECTOR_DATA_TAG = "rerank_lab.selector_data"  # on a selector run: cell (the cell's N pairs) or full (every training query)
+# SELECTOR_DATA_TAG (imported above, the selector kind's): on a selector run and its cells, cell or full
 FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed | requirement
 PRUNED_TAG = "pruned_at_epoch"          # a trial run its cell's pruner stopped (status KILLED): the last epoch it trained
 INTERRUPTED_TAG = "rerank_lab.interrupted"  # a run Ctrl-C stopped (status KILLED): resumed by the next run of the command
@@ -53,8 +53,13 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # MLflow 3 opens such experiments on their runs table
 
 # Run kinds (KIND_TAG values).
-SWEEP, CELL, TRIAL, SELECTOR, EAR = "sweep", "cell", "trial", "selector", "ear"  # selector, ear: trial kinds' names
-RUN_KINDS = (SWEEP, CELL, TRIAL, SELECTOR, EAR)
+SWEEP, CELL, TRIAL = "sweep", "cell", "trial"  # a re-ranking trial's runs are TRIAL (its kind's run_kind)
+SELECTOR = SELECTOR_KIND.run_kind  # the selector report reads them
+
+
+def run_kinds() -> tuple[str, ...]:
+    """Every KIND_TAG value: a sweep's, a cell's, then each registered trial kind's (read when asked)."""
+    return (SWEEP, CELL, *dict.fromkeys(kind.run_kind for kind in TRIAL_KINDS.values()))
 
 # The axes of a grid: MLflow tags on trial and cell runs alike; a cell's key hashes GRID_AXES.
 GRID_AXES = ("model", "loss", "augmentation", "size", "seed")
@@ -170,54 +175,12 @@ def measures(metrics: dict[str, float], prefix: str) -> dict[str, float]:
 # ----------------------------------------------------------------------------- axes, params, identity
 
 
-def loss_label(loss: LossSpec) -> str:
-    """The loss axis: ``ranking[+contrastive][(weighting)][fixed readings]``, never a searched value."""
-    from workloads.losses import searchable_parameters
-
-    label = loss.ranking if loss.contrastive == "none" else f"{loss.ranking}+{loss.contrastive}"
-    if loss.weighting != "fixed":
-        label += f"({loss.weighting})"
-    fixed = set(searchable_parameters(loss)) | {"lambda_"}
-    settings = {k: v for k, v in loss.model_dump(exclude_defaults=True).items()
-                if k not in fixed and k not in ("ranking", "contrastive", "weighting")}
-    if settings:  # two readings of one loss are two systems
-        label += "[" + ",".join(f"{k}={v}" for k, v in sorted(settings.items())) + "]"
-    return label
-
-
-def sir_label(sir) -> str:
-    """The SIR curriculum's part of the loss axis (``sir@v3[8-4]`` for the loss ``sir``),
-    settings other than the defaults after the levels (``@v4[48-16-8,random]``); empty
-    without a curriculum."""
-    if sir is None:
-        return ""
-    if sir.variant == "v0":
-        return "@v0"
-    settings = ["-".join(str(k) for k in sir.levels)]
-    settings += [sir.selection] if sir.selection != "top" else []
-    settings += [f"cpr={sir.cpr}"] if sir.cpr != "normalized_product" else []
-    settings += ["reused-scores"] if not sir.per_level_forward else []
-    return f"@{sir.variant}[{','.join(settings)}]"
-
-
-def axes(spec: TrialSpec | EarTrialSpec) -> dict[str, str]:
-    """A trial's grid coordinates (tags). A sweep's trial runs and their cell run carry the same
-    values: searched hyper-parameters (k_a, lambda, tau, ...) are params, never axes. An EAR
-    trial's use the same names, so status, reports and MLflow read both alike: ``loss`` is
-    ``ear-ri`` or ``ear-rd`` (EAR's rank loss over that reranker's inputs), ``augmentation``
-    its expansion source (what is added to each query), ``size`` ``full`` (it trains on every
-    training query with a choice to learn)."""
-    if isinstance(spec, EarTrialSpec):
-        return {"model": spec.model.name, "loss": f"ear-{spec.ear.reranker}", "augmentation": spec.expansion.source,
-                "size": "full", "seed": str(spec.seed), "collection": spec.data.collection}
-    return {
-        "model": spec.model.name,
-        "loss": loss_label(spec.loss) + sir_label(spec.sir),
-        "augmentation": spec.augmentation.method,
-        "size": str(spec.training_data.size),
-        "seed": str(spec.seed),
-        "collection": spec.data.collection,
-    }
+def axes(spec) -> dict[str, str]:
+    """A trial's grid coordinates (tags), its kind's: a sweep's trial runs and their cell run
+    carry the same values; searched hyper-parameters (k_a, lambda, tau, ...) are params, never
+    axes. Every kind names them alike (``model``, ``loss``, ``augmentation``, ``size``,
+    ``seed``, ``collection``), so status, reports and MLflow read every kind's runs alike."""
+    return kind_of(spec).axes(spec)
 
 
 def comparison_params(cell_axes: dict[str, str], searched: dict) -> dict[str, str]:
@@ -232,17 +195,12 @@ def comparison_params(cell_axes: dict[str, str], searched: dict) -> dict[str, st
 
 
 def requirement_tags(required) -> dict[str, str]:
-    """A required trial's tags: the axes it shares with the trials that use it (a selector's, and
-    which training data it saw; an EAR trial's, and its expansions and reranker)."""
-    common = {"model": required.model.name, "seed": str(required.seed), "collection": required.data.collection}
-    if getattr(required, "kind", None) == "ear":
-        return {**common, "expansion": f"{required.expansion.source}-{required.expansion.n}",
-                "reranker": required.ear.reranker}
-    return {**common, "augmentation": required.method, "size": str(required.training_data.size),
-            SELECTOR_DATA_TAG: required.selector.data}
+    """A required trial's tags, its kind's: the axes it shares with the trials that use it (a
+    selector's, and which training data it saw; an EAR trial's, and its expansions and reranker)."""
+    return kind_of(required).requirement_tags(required)
 
 
-def flat_params(spec: TrialSpec) -> dict[str, str]:
+def flat_params(spec) -> dict[str, str]:
     """Every resolved field as ``section.key -> value`` (MLflow params)."""
     out: dict[str, str] = {}
 
@@ -257,101 +215,9 @@ def flat_params(spec: TrialSpec) -> dict[str, str]:
     return out
 
 
-# Random draws per (epoch, step) or (stage, row) come from hashed seeds since this version (they
-# collided past 10,007 steps or rows before): trials whose results depend on such draws key it.
-SEEDS_VERSION = "seeds-v2"
+def trial_key(spec) -> str:
+    """Identity of a trial's result, its kind's (``TrialKind.key``): everything that changes it
+    (its name and resources do not). A re-ranking trial's:
+    :func:`workloads.kinds.rerank.identity.trial_key`."""
+    return kind_of(spec).key(spec)
 
-# The loss hyper-parameters in every trial key since trials were first keyed (besides ranking,
-# contrastive and weighting, which name the losses): always part of the key, at their declared
-# keyed_default where the chosen losses do not read them (nca_map: identity, NCA's map before
-# it learned one). This set never grows. Every other loss parameter (``Parameter`` in
-# ``workloads.losses``) is left out of the key when the chosen losses do not read it or when it
-# has its keyed_default, the value that computes what trials computed before it existed: results
-# tracked before a parameter existed keep their identity (and are reused), any other value is a
-# new experiment, and a new parameter needs no edit here.
-_ALWAYS_KEYED_LOSS_PARAMETERS = frozenset({"margin", "lambda_", "tau", "contrastive_margin", "nca_map", "dwa_period"})
-
-
-def _added_first_stage_fields(first_stage) -> set[str]:
-    """First-stage fields at the value they reproduce, added after trials were first keyed."""
-    from workloads.spec import RM3_FIELDS
-
-    return (({"path"} if first_stage.path is None else set()) | ({"index"} if first_stage.index == "build" else set())
-            | (set(RM3_FIELDS) if first_stage.method != "rm3" else set())
-            | {"run"})  # an EAR trial's file: keyed by the EAR trial's identity instead (trial_key)
-
-
-def trial_key(spec: TrialSpec) -> str:
-    """Identity of a trial's result: everything that changes it (its name and resources do not).
-
-    A section or field at the value that reproduces earlier behaviour is left out when it
-    was added after trials were first keyed (``reranking``, ``first_stage.path`` and ``index``,
-    ``data.test_perturbation``, ``test_first_stage`` and ``validation_cap``, ``robustness``, ``training_data.negatives``,
-    ``training_data.queries``, ``optimization.batching``, ``cft_positives``, ``micro_batch_size``, ``length_bucketing``,
-    ``early_stopping_patience`` and ``compile``, ``sir``, a loss parameter outside ``_ALWAYS_KEYED_LOSS_PARAMETERS``,
-    ``augmentation.redraw`` where it changes nothing), so results tracked before it existed
-    keep their identity; ``optimization.gradient_checkpointing`` changes memory, not results,
-    and ``optimization.checkpoint_every`` when state is saved, not results: neither is ever
-    part of it. Augmented trials also key the sentence splitter's version: a new splitter makes
-    new training data.
-    """
-    from workloads.losses import PARAMETERS, loss_parameters
-
-    loss = spec.loss
-    active = set(loss_parameters(loss))
-    unread = {f: PARAMETERS[f].keyed_default for f in _ALWAYS_KEYED_LOSS_PARAMETERS if f not in active}
-    if any(getattr(loss, f) != value for f, value in unread.items()):
-        spec = spec.model_copy(update={"loss": loss.model_copy(update=unread)})
-    exclude: dict = {"name": True, "resources": True}
-    exclude["first_stage"] = _added_first_stage_fields(spec.first_stage)
-    exclude["data"] = {f: True for f in ("test_perturbation", "test_first_stage", "validation_cap")
-                       if getattr(spec.data, f) is None}  # added later
-    if spec.data.test_first_stage is not None:  # (its path was keyed from the start)
-        added = _added_first_stage_fields(spec.data.test_first_stage) - {"path"}
-        if added:
-            exclude["data"]["test_first_stage"] = {f: True for f in added}
-    if not spec.robustness:
-        exclude["robustness"] = True
-    exclude["training_data"] = ({"negatives"} if spec.training_data.negatives == 1 else set()) | (  # added with lists
-        {"queries"} if spec.training_data.queries == "all" else set())  # added with training queries drawn as needed
-    # gradient checkpointing changes memory, not results; in-epoch checkpoints when state is saved
-    exclude["optimization"] = {"gradient_checkpointing", "checkpoint_every"}
-    if spec.optimization.micro_batch_size is None:
-        exclude["optimization"].add("micro_batch_size")  # added with micro-batched steps
-    if spec.optimization.gradient_accumulation == 1:
-        exclude["optimization"].add("gradient_accumulation")  # added with accumulated steps
-    if not spec.optimization.length_bucketing:
-        exclude["optimization"].add("length_bucketing")  # added with length-bucketed batches
-    if spec.optimization.early_stopping_patience is None:
-        exclude["optimization"].add("early_stopping_patience")  # added with early stopping
-    if not spec.optimization.compile:
-        exclude["optimization"].add("compile")  # added with torch.compile
-    if spec.optimization.batching == "triples":
-        exclude["optimization"] |= {"batching", "cft_positives"}
-    elif spec.optimization.batching != "cft":
-        exclude["optimization"] |= {"cft_positives"}
-    if spec.sir is None:
-        exclude["sir"] = True
-    if spec.reranking == RerankingSpec():
-        exclude["reranking"] = True
-    exclude["loss"] = {f for f, p in PARAMETERS.items() if f not in _ALWAYS_KEYED_LOSS_PARAMETERS
-                       and (f not in active or getattr(loss, f) == p.keyed_default)}
-    augmented = spec.augmentation.method != "none"
-    exclude["augmentation"] = set() if spec.augmentation.selector is not None else {"selector"}  # added with selectors
-    if not augmented or spec.augmentation.redraw == "once" or spec.optimization.epochs == 1:
-        exclude["augmentation"].add("redraw")  # one draw, as before per-epoch draws existed
-    payload = spec.model_dump_json(exclude=exclude)
-    versions = [f"sentences-v{SPLITTER_VERSION}"] if augmented else []
-    if spec.sir is not None and spec.sir.variant != "v0" and spec.sir.selection == "random":
-        versions.append(SEEDS_VERSION)  # random selection draws from hashed seeds since then (other draws)
-    versions += _ear_identities(spec)
-    return stable_key(payload, *versions)
-
-
-def _ear_identities(spec: TrialSpec) -> list[str]:
-    """The identity of each EAR trial the first stages read (not its file's path: a moved file
-    is the same trial, an edited one another)."""
-    from workloads.expansion.kind import ear_key, load_ear_trial
-
-    return [f"ear-{ear_key(load_ear_trial(fs.run))}" for fs in (spec.first_stage, spec.data.test_first_stage)
-            if fs is not None and fs.method == "ear"]

@@ -18,7 +18,13 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.data.identity import local_directory
+from workloads.kinds import kind_of
+from workloads.retrieval.bm25 import BUILD, PREBUILT, prebuilt_index_name
+from workloads.retrieval.first_stage import FIRST_STAGES
+from workloads.retrieval.prebuilt import check_prebuilt_index, prebuilt_index_names
+from workloads.text.glove import resolve_glove_path
 
 SHARED_DIR_ENV = "ORCHESTRATE_SHARED_DIR"
 # Directories the workers read from through the environment the driver passes them
@@ -32,32 +38,25 @@ def shared_dirs() -> list[Path]:
 
 
 def index_names(spec) -> list[tuple[str, str, str]]:
-    """(field, collection, prebuilt index name) of every BM25/RM3 first stage of a trial that
-    searches a prebuilt index: its own collection's (training, validation) and its test
-    collection's (``data.test_first_stage``, else ``first_stage``)."""
-    from workloads.retrieval.bm25 import BUILD, PREBUILT, prebuilt_index_name
-
-    data = spec.data
-    uses = [("first_stage.index", data.collection, spec.first_stage),
-            ("test_first_stage.index" if data.test_first_stage else "first_stage.index", data.test_collection or data.collection,
-             data.test_first_stage or spec.first_stage)]
+    """(field, collection, prebuilt index name) of every first stage of a trial that searches a
+    prebuilt index (its kind's ``first_stages_of``): its own collection's (training,
+    validation) and its test collection's (``data.test_first_stage``, else ``first_stage``)."""
     names = []
-    for field, collection, first_stage in uses:
-        if first_stage is None or first_stage.method not in ("bm25", "rm3") or first_stage.index == BUILD:
+    for where, collection, _, first_stage in kind_of(spec).first_stages_of(spec):
+        if not FIRST_STAGES[first_stage.method].searches_index or first_stage.index == BUILD:
             continue
+        field = f"{where.removeprefix('data.')}.index"
         try:
             name = prebuilt_index_name(collection) if first_stage.index == PREBUILT else first_stage.index
         except InputError as exc:
             names.append((field, collection, f"!{exc.problem}"))
             continue
         names.append((field, collection, name))
-    return names
+    return list(dict.fromkeys(names))
 
 
 def index_problems(specs: Iterable) -> list[str]:
     """One line per prebuilt index name the bundled Anserini catalog cannot search with BM25."""
-    from workloads.retrieval.prebuilt import check_prebuilt_index, prebuilt_index_names
-
     problems: dict[str, None] = {}
     for spec in specs:
         for field, collection, name in index_names(spec):
@@ -77,24 +76,21 @@ def index_problems(specs: Iterable) -> list[str]:
 def local_inputs(spec) -> list[tuple[str, Path]]:
     """(what, resolved path) of every local file or directory a trial reads: its collections'
     directories, GloVe files, TREC run files and a local model's directory."""
-    from workloads.data.collections import local_directory
-    from workloads.text.glove import resolve_glove_path
-
     found: list[tuple[str, Path]] = []
     data = spec.data
     for reference in dict.fromkeys(r for r in (data.collection, data.test_collection) if r):
         if (local := local_directory(reference)) is not None:
             found.append((f"collection {reference}", local))
     augmentation = getattr(spec, "augmentation", None)
-    selector = getattr(augmentation, "selector", None)
+    selector = augmentation.selector if augmentation is not None else None
     for glove in (getattr(augmentation, "glove_path", None), getattr(selector, "glove_path", None)):
         if glove:
             try:
                 found.append((f"GloVe file {glove}", resolve_glove_path(glove).resolve()))
             except InputError:
                 pass  # missing altogether: the preflight says so
-    for first_stage in (spec.first_stage, data.test_first_stage):
-        if first_stage is not None and first_stage.path:
+    for first_stage in dict.fromkeys(fs for _, _, _, fs in kind_of(spec).first_stages_of(spec)):
+        if first_stage.path:
             found.append((f"run file {first_stage.path}", Path(first_stage.path).expanduser().resolve()))
     model = Path(spec.model.name).expanduser()
     if model.is_dir():
@@ -105,9 +101,8 @@ def local_inputs(spec) -> list[tuple[str, Path]]:
 def staging_problems(specs: Iterable, shared: list[Path] | None = None) -> list[str]:
     """What the workers could not reach (one line each), and every prebuilt index name the
     bundled catalog does not hold. ``shared``: the workers' storage (default $ORCHESTRATE_SHARED_DIR)."""
-    from workloads.spec import TrialSpec
-
-    specs = [spec for spec in specs if isinstance(spec, TrialSpec)]  # (an EAR trial's retrieval is its own)
+    # trials that read a first stage (an EAR trial's retrieval is its own; a selector's is its trials')
+    specs = [spec for spec in specs if kind_of(spec).first_stages_of(spec)]
     problems = dict.fromkeys(index_problems(specs))
     shared = shared_dirs() if shared is None else shared
     if not shared:
@@ -129,18 +124,6 @@ def staging_problems(specs: Iterable, shared: list[Path] | None = None) -> list[
     return list(problems)
 
 
-def sweep_specs(sweep) -> list:
-    """Every trial spec a sweep's runnable cells and their zero-shot targets prepare."""
-    from orchestrator.core.lifecycle import targets
-    from orchestrator.sweep.grid import expand_grid
-
-    cells = [c.spec for c in expand_grid(sweep) if c.spec is not None]
-    if not cells or sweep.is_ear:
-        return cells
-    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
-    return cells + [target.spec for target in targets(cells[0], zero_shot)[1:]]
-
-
 def require_staged(specs: Iterable, where: str) -> None:
     """Refuse (one line) what :func:`staging_problems` finds."""
     problems = staging_problems(specs)
@@ -149,4 +132,4 @@ def require_staged(specs: Iterable, where: str) -> None:
         raise InputError(where, f"{problems[0]}{more}")
 
 
-__all__ = ["SHARED_DIR_ENV", "index_problems", "require_staged", "shared_dirs", "staging_problems", "sweep_specs"]
+__all__ = ["SHARED_DIR_ENV", "index_problems", "require_staged", "shared_dirs", "staging_problems"]

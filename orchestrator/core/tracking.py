@@ -18,14 +18,21 @@ import contextlib
 import json
 import logging
 import os
+import sqlite3
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from orchestrator.core import schema
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.core.logs import LEVEL_ENV
 from workloads.evaluation import Evaluation
-from workloads.logs import LEVEL_ENV
+from workloads.kinds import TRIAL_KINDS
+from workloads.training import PROGRESS_FILE
 
 
 def default_tracking_uri() -> str:
@@ -47,16 +54,11 @@ def sqlite_path(uri: str) -> Path | None:
 
 def _file_path(uri: str) -> Path:
     """The local path of a ``file:`` URI (percent-decoded, as ``Path.as_uri`` wrote it)."""
-    from urllib.parse import urlparse
-    from urllib.request import url2pathname
-
     return Path(url2pathname(urlparse(uri).path))
 
 
 def check_sqlite_file(path: Path, what: str) -> None:
     """A SQLite file that cannot be read as a database is one line naming it (it stays untouched)."""
-    import sqlite3
-
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
             connection.execute("select count(*) from sqlite_master").fetchone()
@@ -101,9 +103,6 @@ def open_tracker(cli_value: str | None, write: bool = True) -> Tracker | None:
 def check_server(uri: str) -> None:
     """An MLflow tracking server that does not answer its health check within seconds is one line
     (MLflow's client would retry for minutes)."""
-    import urllib.error
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT_SECONDS) as response:
             response.read(64)
@@ -283,9 +282,6 @@ class Tracker:
     def log_model(self, run_id: str, checkpoint: Path) -> None:
         """A checkpoint's model (weights, tokenizer, config) as the run's artifact ``model``,
         without the resumable training state (optimizer, schedule: twice the model's size)."""
-        from workloads.kinds import TRIAL_KINDS
-        from workloads.training import PROGRESS_FILE
-
         left_out = {PROGRESS_FILE, *(kind.state_file for kind in TRIAL_KINDS.values())}
         for path in sorted(Path(checkpoint).iterdir()):
             if path.is_file() and path.name not in left_out:
@@ -382,8 +378,6 @@ class Tracker:
         its runs' artifact URIs are rewritten to the store's folder now, so that new artifacts go
         into the store rather than where it was. MLflow has no API to change an artifact location:
         the two columns are updated in its database, in one transaction. Returns whether it did."""
-        import sqlite3
-
         homes = self.store_homes(experiment)
         if homes is None or homes[0] == homes[1]:
             return False

@@ -7,31 +7,31 @@ written whole (to a temporary name, then renamed): a failed report leaves no par
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
+from orchestrator.report.render import RENDERERS, render_csv, render_latex, render_markdown
 from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, load_sweep_results, systems, winners
 from orchestrator.report.tables import (
-    RENDERERS,
     Table,
     TableOptions,
     compare_with_baselines,
     family_p_values,
     first_stage_value,
     grid_table,
-    render_csv,
-    render_latex,
-    render_markdown,
     table_family,
     transfer_table,
     zero_shot_table,
 )
 from orchestrator.sweep.grid import SweepSpec
-from workloads.errors import InputError
-from workloads.logs import get_logger
+from orchestrator.sweep.store import experiment_owner
+from workloads.core.errors import InputError
+from workloads.core.logs import get_logger
 
 _log = get_logger("report").info
 
@@ -86,7 +86,6 @@ def load_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
     experiment = tracker.client.get_experiment_by_name(sweep.name)
     if experiment is None:
         raise InputError(sweep.name, f"no MLflow experiment '{sweep.name}' in {tracker.uri}: run the sweep first")
-    from orchestrator.sweep.store import experiment_owner
 
     experiment_owner(sweep, tracker, experiment)  # another file's sweep of this name is one line; a copied store is its own
     return load_sweep_results(sweep, tracker)
@@ -153,9 +152,6 @@ PRINTED_WINNERS = 40  # more cells than this: the winners' table is in its files
 def winners_block(results: SweepResults, out_dir: Path) -> tuple[str, list[Path]]:
     """The tested cells' winning hyper-parameters (``winners.md`` and ``winners.csv``), under the
     param names the MLflow UI compares; printed for grids of up to PRINTED_WINNERS cells."""
-    import csv
-    import io
-
     rows = winners(results)
     if not rows:
         return "", []
@@ -202,7 +198,8 @@ def selector_block(tracker: Tracker, experiment_id: str) -> str:
 
 
 def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions, out_dir: Path, family=None) -> list[Path]:
-    from orchestrator.report.plots import plot_metric_by_size, plot_relative_by_size
+    # noqa below: matplotlib loads only when figures are drawn, not for every report command
+    from orchestrator.report.plots import plot_metric_by_size, plot_relative_by_size  # noqa: PLC0415
 
     all_systems = systems(results, options.metric, prefix)
     if not any(s.status == STATUS_OK for s in all_systems):

@@ -16,7 +16,7 @@ from pathlib import Path
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.report.results import RunReader
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES, PRIMARY_METRIC
 from workloads.evaluation.significance import TEST_NAMES, paired_test, paired_values
 from workloads.evaluation.statistics import BOOTSTRAP_METHOD, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare_uncertainty

@@ -21,8 +21,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from orchestrator.report.render import MARKERS  # noqa: E402
 from orchestrator.report.results import STATUS_OK, SystemResult  # noqa: E402
-from orchestrator.report.tables import MARKERS, Entry  # noqa: E402
+from orchestrator.report.tables import Entry
 from workloads.evaluation import DISPLAY_NAMES  # noqa: E402
 
 

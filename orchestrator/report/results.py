@@ -8,20 +8,21 @@ run: a mismatch means the store is inconsistent and is an error, never a footnot
 
 from __future__ import annotations
 
+import ast
 import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core import schema
-from orchestrator.core.lifecycle import collection_label, targets, test_data_identity
 from orchestrator.core.tracking import Tracker
-from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid
-from workloads.errors import InputError
+from orchestrator.lifecycle.targets import collection_label
+from orchestrator.sweep.grid import Cell, SweepSpec
+from orchestrator.sweep.states import STATUS_OK, cell_states
+from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES
 
 # How a cell that has no number is shown; never as 0.
-STATUS_OK = "ok"
 STATUS_LABELS = {
     "unavailable": "n/a",     # no workload can run the cell yet (e.g. a supervised augmenter)
     "pending": "pending",     # no MLflow run yet
@@ -183,34 +184,8 @@ class SweepResults:
 
 def load_sweep_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
     """Every cell of the grid with its MLflow cell run and status (no artifact is read yet)."""
-    experiment = tracker.client.get_experiment_by_name(sweep.name)
-    runs = []
-    if experiment is not None:
-        runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'",
-                                          max_results=50_000)
-    by_key = {r.data.tags.get(schema.TRIAL_KEY_TAG): r for r in runs}
-    cells = expand_grid(sweep)
-    runnable = next((c for c in cells if c.spec is not None), None)
-    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
-    test_data = test_data_identity(targets(runnable.spec, zero_shot)) if runnable is not None and runs else None
-    results = []
-    for cell in cells:
-        run = by_key.get(cell.key)
-        if cell.spec is None:
-            status = "unavailable"
-        elif run is None:
-            status = "pending"
-        elif run.info.status == "FINISHED":
-            recorded = run.data.tags.get(schema.TEST_DATA_TAG)
-            status = "stale" if recorded and recorded != test_data else STATUS_OK
-        elif run.data.tags.get(schema.INTERRUPTED_TAG) == "true":
-            status = "interrupted"
-        elif run.info.status in ("FAILED", "KILLED"):
-            status = "failed"
-        else:
-            status = "running"
-        results.append(CellResult(cell, status, run))
-    return SweepResults(sweep, experiment.experiment_id if experiment else None, results, RunReader(tracker))
+    experiment_id, states = cell_states(sweep, tracker)
+    return SweepResults(sweep, experiment_id, [CellResult(cell, status, run) for cell, status, run in states], RunReader(tracker))
 
 
 def winners(results: SweepResults) -> list[dict[str, str]]:
@@ -218,8 +193,6 @@ def winners(results: SweepResults) -> list[dict[str, str]]:
     MLflow runs carry (:func:`schema.comparison_params`), with its validation objective and
     trial count. The values come from the cell's winner tag: MLflow keeps a param's first value,
     the tag follows a winner that changed when more trials ran."""
-    import ast
-
     rows = []
     for result in results.cells:
         if result.status != STATUS_OK:

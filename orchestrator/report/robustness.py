@@ -22,11 +22,13 @@ queries won / tied / lost and effect size, ``show_seeds`` for each seed's value.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from orchestrator.core import schema
-from orchestrator.report.results import RunReader
+from orchestrator.core.config import load_trials
+from orchestrator.report.results import STATUS_OK, RunReader
 from orchestrator.report.tables import Entry, Table, TableOptions, family_note
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES
 from workloads.evaluation.significance import (
     CORRECTION_NAMES,
@@ -37,6 +39,7 @@ from workloads.evaluation.significance import (
     significance_level,
 )
 from workloads.evaluation.statistics import BOOTSTRAP_METHOD, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare_uncertainty, seed_summary
+from workloads.kinds.rerank.spec import TrialSpec
 
 ROBUSTNESS_METRICS = ("ap", "p_at_1")  # CFT reports MAP and P@1
 CLEAN = "clean"
@@ -238,11 +241,6 @@ def robustness_table(reader: RunReader, systems: list[tuple[str, object]], pertu
 
 def trial_file_robustness(tracker, path, test: str = "t", **options) -> Table:
     """The table of a trial file's trials (rows in file order), from their finished runs."""
-    from pathlib import Path
-
-    from orchestrator.core.config import load_trials
-    from workloads.spec import TrialSpec
-
     experiment, specs = load_trials(Path(path), TrialSpec)
     if not any(spec.robustness for spec in specs):
         raise InputError(path, "no trial sets robustness: nothing was tested perturbed")
@@ -262,8 +260,6 @@ def trials_robustness(tracker, experiment: str, specs, run_ids: list[str | None]
 def sweep_robustness(results, test: str = "t", **options) -> Table:
     """The table of a sweep's finished cells (``results``: ``report.results.SweepResults``): one row
     per system, its seeds averaged per query; a system shows once all its seeds finished."""
-    from orchestrator.report.results import STATUS_OK
-
     perturbations = list(results.sweep.base.get("robustness") or [])
     if not perturbations:
         raise InputError(results.sweep.name, "base sets no robustness: nothing was tested perturbed")

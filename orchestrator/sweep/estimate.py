@@ -20,6 +20,7 @@ training.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -29,8 +30,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid, sweep_file
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.core.paths import data_dir
 from workloads.kinds import kind_of
+from workloads.models.cross_encoder import resolve_model_name
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,6 @@ KNOWN_JUDGED_QUERIES = {
 def model_shape(name: str) -> tuple[tuple[int, int, int], str]:
     """(layers, hidden, intermediate) of a model, and where it comes from: its config when it is
     local or in the Hugging Face cache, else the table above, else BERT-base's (said so)."""
-    import json
-
-    from workloads.models.cross_encoder import resolve_model_name
-
     config = None
     try:
         path = resolve_model_name(name)
@@ -144,8 +143,6 @@ def _flops_per_token(shape: tuple[int, int, int], tokens: int) -> float:
 @cache  # once per split, not per cell and target (doc19: 255 cells x 7 targets)
 def judged_queries(collection: str, split: str) -> int | None:
     """Judged queries of a split: counted in local BEIR qrels, else the table, else None."""
-    from workloads.paths import data_dir
-
     root = data_dir()
     if root is not None:
         qrels = root / collection.removeprefix("beir/") / "qrels" / f"{split}.tsv"
@@ -234,48 +231,10 @@ class CellEstimate:
 
 
 def _cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, int | None]:
-    """(training pairs of one trial, its validation pairs, the winner's test pairs); None where a
-    size is not known here (``size: full``, a validation split of unknown size, a test set)."""
-    spec = cell.spec
-    if sweep.is_ear:
-        return _ear_cell_pairs(cell, sweep)
-    epochs = kind_of(spec).epochs(spec)
-    size = spec.training_data.size if isinstance(spec.training_data.size, int) else None
-    train = None if size is None else size * (2 if spec.augmentation.method != "none" else 1) * epochs
-    if spec.data.validation_split is None:
-        queries = spec.data.validation_queries  # carved from the training split
-    else:
-        queries = spec.data.validation_cap or judged_queries(spec.data.collection, spec.data.validation_split)
-    validation = None if queries is None else queries * spec.first_stage.validation_depth * epochs
-    own = judged_queries(spec.data.test_collection or spec.data.collection, spec.data.test_split)
-    zero_shot = [(judged_queries(z.collection, z.split), (z.first_stage or spec.first_stage).test_depth) for z in sweep.zero_shot]
-    # robustness perturbs the trial's own test queries, not a zero-shot target's (at most all of them: those with a variant)
-    test = (None if own is None or any(n is None for n, _ in zero_shot)
-            else own * (spec.data.test_first_stage or spec.first_stage).test_depth * (1 + len(spec.robustness))
-            + sum(n * depth for n, depth in zero_shot))
-    return train, validation, test
-
-
-def _ear_cell_pairs(cell: Cell, sweep: SweepSpec) -> tuple[int | None, int | None, int | None]:
-    """An EAR cell's pairs, at its largest searched n: every training query's n expansions per
-    epoch (at most: queries whose expansions all rank alike are skipped), every validation
-    query's per epoch, then the winner's test and its keeping (every query's expansions once)."""
-    spec = cell.spec
-    n = max(sweep.search.n.choices) if sweep.search.n is not None else spec.expansion.n
-    data = spec.data
-    train_queries = judged_queries(data.collection, data.train_split)
-    if data.validation_split is None:
-        validation_queries = data.validation_queries
-        train_queries = None if train_queries is None or validation_queries is None else train_queries - validation_queries
-    else:
-        validation_queries = data.validation_cap or judged_queries(data.collection, data.validation_split)
-    test_queries = judged_queries(data.collection, data.test_split)
-    epochs = spec.ear.epochs
-    train = None if train_queries is None else train_queries * n * epochs
-    validation = None if validation_queries is None else validation_queries * n * epochs
-    known = None not in (train_queries, validation_queries, test_queries)
-    test = (train_queries + validation_queries + 2 * test_queries) * n if known else None
-    return train, validation, test
+    """(training pairs of one trial, its validation pairs, the winner's test pairs), as the cell's
+    kind counts them (``TrialKind.cell_pairs``); None where a size is not known here (``size:
+    full``, a validation split of unknown size, a test set)."""
+    return kind_of(cell.spec).cell_pairs(cell.spec, sweep, judged_queries)
 
 
 def hours_range(hours: float, profile: Throughput) -> tuple[float, float]:
@@ -296,6 +255,9 @@ def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] 
     work = {"train": 0.0, "score": 0.0}  # pairs x multiply-adds per pair, for the compared profiles
     for cell in expand_grid(sweep):
         if cell.spec is None:
+            continue
+        if kind_of(cell.spec).cell_pairs is None:  # a kind without a cost model (TrialKind.cell_pairs): not counted
+            unknown.add(cell.key)
             continue
         spec = cell.spec
         shape, shape_source = model_shape(spec.model.name)

@@ -1,85 +1,42 @@
 """The sweep spec: a grid of cells, a hyper-parameter search per cell, and where the winners
-are tested. A grid is of one trial kind:
+are tested. A grid is of one trial kind, the base's (``base: {kind: ...}``; none: re-ranking),
+and each kind declares its own (``TrialKind.grid``: its lists, its cells, their axes):
 
 - re-ranking (``grid: {models, losses, augmentations, sizes, seeds}``): model x loss x
-  augmentation x size x seed, plus a baseline cell per model, size and seed;
+  augmentation x size x seed, plus a baseline cell per model, size and seed
+  (:mod:`workloads.kinds.rerank.grid`);
 - EAR (``base: {kind: ear, ...}``, ``grid: {models, rerankers, seeds}``): model x reranker x
-  seed, each cell an EAR trial whose search draws alpha, MAX_RANK, n and the learning rate.
+  seed, each cell an EAR trial (:mod:`workloads.kinds.ear.grid`).
 
 A cell is a fully specified trial except for the searched hyper-parameters; each trial of
-a cell is the cell's trial spec with one sample of its search space applied.
+a cell is the cell's trial spec with one sample of its search space applied. What a search
+may set is generated from the kinds' declarations (``TrialKind.searched``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator, model_validator
 
 from orchestrator.core import schema
-from workloads.augmentation.scorers import SCORERS
-from workloads.errors import InputError
-from workloads.expansion.kind import RERANKERS, EarTrialSpec
-from workloads.losses import PARAMETERS, needs_augmentation, searchable_parameters
-from workloads.paths import stable_key
-from workloads.spec import LOSS_HYPERPARAMETERS, FirstStageSpec, LossSpec, RankingName, SelectorSpec, SIRSpec, TrialSpec
+from orchestrator.core.config import input_error, read_yaml, validate
+from orchestrator.lifecycle.targets import target_overlap, targets
+from workloads.core.errors import InputError
+from workloads.kinds import DEFAULT_KIND, TRIAL_KINDS, GridCell, GridError, SearchedParameter, TrialKind, kind_of
+from workloads.kinds.rerank.spec import SIRSpec
+from workloads.spec import FirstStageSpec
+
+__all__ = ["Cell", "Choices", "FloatRange", "GridError", "LevelChoices", "SearchSpec", "SweepSpec", "ZeroShotTarget",
+           "apply_params", "check_search", "expand_grid", "load_sweep", "sweep_specs"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LossCell(LossSpec):
-    """A grid's loss entry: a (partial) LossSpec, its names and the settings that are not
-    searched (e.g. {ranking: pointwise, contrastive: tml, tml_reduction: nonzero}; searched
-    ones come from `search`), and optionally the SIR curriculum that applies it (its label
-    joins the loss axis; a grid whose baseline ranking is `sir` has V0 as its baseline)."""
-
-    sir: SIRSpec | None = None
-
-    def loss_spec(self) -> LossSpec:
-        return LossSpec.model_validate(self.model_dump(exclude={"sir"}, by_alias=True))
-
-
-class AugmentationCell(_Strict):
-    method: Literal[("none", *SCORERS)] = "none"  # type: ignore[valid-type]
-    k: int = Field(default=3, ge=1)
-    glove_path: str | None = None
-    selector: SelectorSpec | None = Field(default=None, description="linear/attention: the selector and its training")
-
-
-class GridSpec(_Strict):
-    models: list[str] = Field(min_length=1)
-    losses: list[LossCell] = Field(min_length=1)
-    augmentations: list[AugmentationCell] = Field(min_length=1)
-    sizes: list[int | Literal["full"]] = Field(min_length=1)
-    seeds: list[int] = Field(default=[13], min_length=1)
-    max_length: int = Field(default=512, ge=16, description="input tokens of every model")
-    baseline_ranking: RankingName = "pointwise"
-
-    @model_validator(mode="after")
-    def _v0_is_the_baseline(self) -> GridSpec:
-        if any(loss.sir is not None and loss.sir.variant == "v0" for loss in self.losses):
-            raise ValueError("sir v0 (same blocks and loss, no compression) is the baseline cell: set baseline_ranking "
-                             "to the level loss (sir or listwise) and leave v0 out of losses")
-        return self
-
-
-class EarGridSpec(_Strict):
-    """An EAR grid: every (model, reranker, seed) is a cell, an EAR trial of ``base``."""
-
-    models: list[str] = Field(min_length=1)
-    rerankers: list[Literal[RERANKERS]] = Field(min_length=1, description="ri: M(q, e); rd: M(q, e, d)")  # type: ignore[valid-type]
-    seeds: list[int] = Field(default=[13], min_length=1)
-    max_length: int = Field(default=256, ge=16, description="input tokens of every model (RD reads the document too)")
-
-
-def _grid_kind(value: Any) -> str:
-    """Which grid a sweep's ``grid:`` is: an EAR grid lists rerankers."""
-    return "ear" if isinstance(value, EarGridSpec) or (isinstance(value, dict) and "rerankers" in value) else "rerank"
 
 
 class FloatRange(_Strict):
@@ -131,29 +88,31 @@ class _SearchSettings(_Strict):
                                       "only against trials of the same cell; pruned trials are recorded, never retried")
     pruner_startup_trials: int = Field(default=2, ge=0, description="median: trials of a cell that run to the end "
                                                                      "before any is pruned")
-    # Searched hyper-parameters; each applies only to cells whose loss or augmentation has it
-    # (tau only for scl/infonce, k only with augmentation, ...).
-    learning_rate: FloatRange | Choices | None = None
 
 
-# Every loss hyper-parameter a loss declares searchable (``workloads.losses``, in LossSpec's
-# order), generated from the declarations: a new searchable parameter joins the search space.
-_SearchedLossParameters = create_model(  # type: ignore[call-overload]
-    "_SearchedLossParameters", __base__=_SearchSettings, __module__=__name__,
-    **{field: (FloatRange | Choices | None, Field(default=None, alias=PARAMETERS[field].alias,
-                                                  description=PARAMETERS[field].description))
-       for field in LOSS_HYPERPARAMETERS if PARAMETERS[field].searchable})
+# Every parameter a kind declares a sweep may search (``TrialKind.searched``, kinds in the
+# registry's order, a name two kinds declare once): a new searched parameter joins the search space.
+def _searched_declarations() -> dict[str, SearchedParameter]:
+    found: dict[str, SearchedParameter] = {}
+    for kind in TRIAL_KINDS.values():
+        for parameter in kind.searched:
+            first = found.setdefault(parameter.name, parameter)
+            if not first.compatible(parameter):
+                raise TypeError(f"searched parameter '{parameter.name}' is declared differently by two trial kinds")
+    return found
 
 
-class SearchSpec(_SearchedLossParameters):  # type: ignore[misc, valid-type]
+SEARCHED = _searched_declarations()
+_SPACES = {"range": FloatRange, "choices": Choices, "levels": LevelChoices}
+_SearchedParameters = create_model(  # type: ignore[call-overload]
+    "_SearchedParameters", __base__=_SearchSettings, __module__=__name__,
+    **{name: (Union[tuple(_SPACES[space] for space in p.spaces)] | None,  # noqa: UP007 (a tuple of types)
+              Field(default=None, alias=p.alias, description=p.description or None))
+       for name, p in SEARCHED.items()})
+
+
+class SearchSpec(_SearchedParameters):  # type: ignore[misc, valid-type]
     """The search settings and every searchable hyper-parameter (each set one applies to the cells that have it)."""
-
-    k: Choices | None = Field(default=None, description="k_a, the sentences an augmenter keeps")
-    sir_levels: LevelChoices | None = Field(default=None, description="SIR's K per level (cells with a curriculum)")
-    alpha: FloatRange | Choices | None = Field(default=None, description="EAR: the margin per rank of difference")
-    max_rank: Choices | None = Field(default=None, description="EAR: the label of an expansion that finds nothing "
-                                                               "(each above ear.depth)")
-    n: Choices | None = Field(default=None, description="EAR: expansions per query (each a prepared set of its own)")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -182,21 +141,42 @@ class StorageSpec(_Strict):
                                                         "the cell run")
 
 
+def _an(words: str) -> str:
+    return f"{'an' if words[:1].lower() in 'aeiou' else 'a'} {words}"
+
+
+def _grid_kind(value: Any) -> TrialKind:
+    """Which kind's grid a sweep's ``grid:`` is: the kind whose marker it lists (an EAR grid lists
+    rerankers), else the default kind's."""
+    kinds = [k for k in TRIAL_KINDS.values() if k.grid is not None]
+    if isinstance(value, BaseModel):
+        return next((k for k in kinds if isinstance(value, k.grid.spec)), TRIAL_KINDS[DEFAULT_KIND])
+    marked = next((k for k in kinds if k.grid.marker is not None and isinstance(value, dict) and k.grid.marker in value), None)
+    return marked or next(k for k in kinds if k.grid.marker is None)
+
+
 class SweepSpec(_Strict):
     _source: tuple = PrivateAttr(default=())  # (file, YAML key path -> line) when loaded from a file
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    base: dict[str, Any] = Field(description="trial fields shared by every cell (see TrialSpec; EarTrialSpec with "
-                                             "kind: ear)")
-    grid: Annotated[Annotated[GridSpec, Tag("rerank")] | Annotated[EarGridSpec, Tag("ear")], Discriminator(_grid_kind)]
+    base: dict[str, Any] = Field(description="trial fields shared by every cell: the trial spec of the base's kind "
+                                             "(kind: its name; without kind: a re-ranking TrialSpec)")
+    grid: Any = Field(description="the lists the cells are made of, of the base's kind (its KindGrid.spec)")
     search: SearchSpec = SearchSpec()
     zero_shot: list[ZeroShotTarget] = []
     max_failures: int = Field(default=1, ge=0, description="retries of a trial that raised")
     storage: StorageSpec = StorageSpec()
 
     @property
-    def is_ear(self) -> bool:
-        return isinstance(self.grid, EarGridSpec)
+    def kind(self) -> TrialKind:
+        """The trial kind of its cells."""
+        return _grid_kind(self.grid)
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _kind_grid(cls, value: Any) -> Any:
+        spec = _grid_kind(value).grid.spec
+        return value if isinstance(value, spec) else spec.model_validate(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -204,253 +184,57 @@ class SweepSpec(_Strict):
         """The grid is of the base's kind, said before either grid's own fields are checked."""
         if not isinstance(data, dict) or not isinstance(data.get("base"), dict) or not isinstance(data.get("grid"), dict):
             return data
-        ear_base, ear_grid = data["base"].get("kind") == "ear", "rerankers" in data["grid"]
-        if ear_base and not ear_grid:
-            raise ValueError("an EAR sweep (base.kind: ear) has an EAR grid: models, rerankers (ri, rd) and seeds")
-        if ear_grid and not ear_base:
-            raise ValueError("grid.rerankers makes an EAR grid: set base.kind: ear (an EAR trial's fields in base)")
-        return data
+        base_kind, grid_kind = TRIAL_KINDS.get(data["base"].get("kind", DEFAULT_KIND)), _grid_kind(data["grid"])
+        if base_kind is None or base_kind.grid is None or base_kind is grid_kind:
+            return data  # (an unknown or grid-less kind: the cells' specs say what is wrong)
+        if base_kind.grid.marker is not None:
+            raise ValueError(f"{_an(base_kind.described_as)} sweep (base.kind: {base_kind.name}) has "
+                             f"{_an(base_kind.described_as)} grid: {base_kind.grid.describe}")
+        raise ValueError(f"grid.{grid_kind.grid.marker} makes {_an(grid_kind.described_as)} grid: set base.kind: "
+                         f"{grid_kind.name} ({_an(grid_kind.described_as)} trial's fields in base)")
 
     @model_validator(mode="after")
     def _base_leaves_axes_to_grid(self) -> SweepSpec:
-        if self.is_ear:  # the base is an EAR trial's fields (EarTrialSpec says which are unknown)
-            for key in ("name", "model", "seed"):
-                if key in self.base:
-                    raise ValueError(f"base.{key} is set by the grid; remove it from base")
-            ear = self.base.get("ear")
-            if isinstance(ear, dict) and "reranker" in ear:
-                raise ValueError("base.ear.reranker is set by the grid (rerankers); remove it from base")
-            if self.zero_shot:
-                raise ValueError("an EAR sweep tests each winner on its own test split; test a kept EAR trial zero-shot "
-                                 "with `orchestrate expand --ear FILE`")
-            return self
-        for key in ("name", "model", "loss", "augmentation", "sir", "seed"):
-            if key in self.base:
-                raise ValueError(f"base.{key} is set by the grid; remove it from base")
-        grid_owned = set(self.base.get("training_data") or {}) & {"size", "seed"}
-        if grid_owned:
-            raise ValueError(f"base.training_data.{sorted(grid_owned)[0]} is set by the grid (sizes, seeds); remove it from base")
+        self.kind.grid.check_base(self)
         return self
 
 
 @dataclass(frozen=True)
-class Cell:
+class Cell(GridCell):
     """One grid cell: its axes, its trial spec (before search), and what can run it."""
-
-    key: str
-    axes: dict[str, str]
-    spec: TrialSpec | EarTrialSpec | None
-    unavailable: str | None  # why no workload can run this cell yet, else None
-    is_baseline: bool
 
     @property
     def searched(self) -> tuple[str, ...]:
-        """The hyper-parameters searched in this cell."""
-        if self.spec is None:
-            return ()
-        if isinstance(self.spec, EarTrialSpec):
-            return tuple(EAR_SEARCHED)
-        names = ["learning_rate", *searchable_parameters(self.spec.loss)]
-        if self.spec.augmentation.method != "none":
-            names.append("k")
-        if self.spec.sir is not None and self.spec.sir.variant != "v0":
-            names.append("sir_levels")
-        return tuple(names)
+        """The hyper-parameters searched in this cell (its kind's ``searched_in``)."""
+        return () if self.spec is None else kind_of(self.spec).searched_names(self.spec)
 
     @property
     def tags(self) -> dict[str, str]:
-        """MLflow tags of the cell's runs besides its axes: which data trained a supervised selector
-        (``full`` leaks every training query's labels into the cell: the method asks to say so)."""
-        selector = self.spec.augmentation.selector if isinstance(self.spec, TrialSpec) else None
-        return {schema.SELECTOR_DATA_TAG: selector.data} if selector is not None else {}
-
-
-class GridError(ValueError):
-    """A grid whose entries would collapse into one cell: ``entries`` are the (axis, index) pairs involved."""
-
-    def __init__(self, message: str, entries: list[tuple[str, int]]):
-        super().__init__(message)
-        self.entries = entries
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, inner in value.items():
-            out.update(_flatten(inner, f"{prefix}.{key}" if prefix else key))
-        return out
-    return {prefix: value}
-
-
-def _setting_label(field: str, value: Any) -> str:
-    """How one distinguishing setting shows in a label: ``k=1``, ``full``, ``glove=<file>``."""
-    if field == "selector.data":
-        return str(value)
-    if field.endswith("glove_path") and isinstance(value, str):
-        return f"{field.replace('_path', '')}={Path(value).name}"
-    return f"{field.removesuffix('_')}={value}"
-
-
-def searched_fields(search: SearchSpec, axis: str, entry) -> set[str]:
-    """The fields of a grid entry a sweep's search sets in every cell made from it (the entry's
-    own value is then never used)."""
-    if axis == "augmentations":
-        return {"k"} if entry.method != "none" and search.k is not None else set()
-    names = {n for n in searchable_parameters(entry.loss_spec()) if getattr(search, n) is not None}
-    if entry.sir is not None and entry.sir.variant != "v0" and search.sir_levels is not None:
-        names.add("sir.levels")
-    return names
-
-
-def _base_label(axis: str, entry) -> str:
-    if axis == "losses":
-        return schema.loss_label(entry.loss_spec()) + schema.sir_label(entry.sir)
-    full = entry.selector is not None and entry.selector.data == "full"
-    return entry.method + ("[full]" if full else "")
-
-
-def entry_labels(sweep: SweepSpec, axis: str) -> list[str]:
-    """The label of every entry of ``grid.<axis>`` (losses or augmentations): its name, plus the
-    settings that tell it apart from other entries of the same name (``bm25[k=1]``,
-    ``pointwise+scl[tau=0.2]``). An entry alone under its name keeps its plain name, so a grid
-    that gains no look-alike keeps its cell keys. Raises :class:`GridError` for two entries
-    that would be one cell: identical, or differing only in what the search sets."""
-    entries = getattr(sweep.grid, axis)
-    bases = [_base_label(axis, e) for e in entries]
-    labels = list(bases)
-    for base in dict.fromkeys(bases):
-        members = [i for i, b in enumerate(bases) if b == base]
-        if len(members) == 1:
-            continue
-        settings = {}
-        for i in members:
-            flat = _flatten(entries[i].model_dump(mode="json", by_alias=True))
-            settings[i] = {k: v for k, v in flat.items() if k not in searched_fields(sweep.search, axis, entries[i])}
-        keys = sorted({k for i in members for k in settings[i]})
-        differing = [k for k in keys if len({repr(settings[i].get(k)) for i in members}) > 1]
-        for position, i in enumerate(members):
-            twin = next((j for j in members[:position] if settings[j] == settings[i]), None)
-            if twin is not None:
-                searched = sorted(searched_fields(sweep.search, axis, entries[i]))
-                how = (f"identical apart from {', '.join(searched)}, which the search sets" if searched and
-                       _flatten(entries[i].model_dump(mode="json", by_alias=True)) !=
-                       _flatten(entries[twin].model_dump(mode="json", by_alias=True)) else "identical")
-                raise GridError(f"grid.{axis} entries {twin + 1} and {i + 1} are {how}: they would be one cell "
-                                f"(remove one)", [(axis, twin), (axis, i)])
-            shown = [_setting_label(k, settings[i].get(k)) for k in differing if settings[i].get(k) is not None]
-            labels[i] = f"{base}[{','.join(shown)}]" if shown else base
-    return labels
+        """MLflow tags of the cell's runs besides its axes (its kind's ``cell_tags``: which data
+        trained a supervised selector)."""
+        return {} if self.spec is None else kind_of(self.spec).cell_tags(self.spec)
 
 
 def check_axis_values(sweep: SweepSpec) -> None:
-    """models, sizes (rerankers) and seeds list each value once (a repeated value would be one cell twice)."""
-    for axis in ("models", "rerankers", "seeds") if sweep.is_ear else ("models", "sizes", "seeds"):
+    """The grid's value lists (models, sizes or rerankers, seeds) list each value once (a
+    repeated value would be one cell twice)."""
+    for axis in sweep.kind.grid.axis_values:
         values = getattr(sweep.grid, axis)
         for i, value in enumerate(values):
             if value in values[:i]:
                 raise GridError(f"grid.{axis} lists {value!r} twice", [(axis, values.index(value)), (axis, i)])
 
 
-def _cell_axes(model: str, loss_label: str, augmentation_label: str, size, seed: int) -> dict[str, str]:
-    """The cell's grid coordinates: the same values as ``schema.axes`` of its trials."""
-    return {"model": model, "loss": loss_label, "augmentation": augmentation_label, "size": str(size), "seed": str(seed)}
-
-
 def expand_grid(sweep: SweepSpec) -> list[Cell]:
-    """Every cell of the grid, baselines first for each (model, size, seed)."""
+    """Every cell of the grid, as its kind expands it (re-ranking: baselines first for each
+    (model, size, seed))."""
     check_axis_values(sweep)
-    if sweep.is_ear:
-        return _expand_ear_grid(sweep)
-    loss_labels, augmentation_labels = entry_labels(sweep, "losses"), entry_labels(sweep, "augmentations")
-    cells: list[Cell] = []
-    seen: set[str] = set()
-    grid = sweep.grid
-    baseline_loss = LossCell(ranking=grid.baseline_ranking)
-    baseline_label = schema.loss_label(baseline_loss.loss_spec())
-    no_augmentation = AugmentationCell()
-    for model in grid.models:
-        for size in grid.sizes:
-            for seed in grid.seeds:
-                combos = [(baseline_loss, baseline_label, no_augmentation, "none", True)]
-                combos += [(loss, loss_label, aug, aug_label, False)
-                           for loss, loss_label in zip(grid.losses, loss_labels)
-                           for aug, aug_label in zip(grid.augmentations, augmentation_labels)
-                           if not (loss == baseline_loss and aug == no_augmentation)]
-                for loss, loss_label, augmentation, augmentation_label, is_baseline in combos:
-                    axes = _cell_axes(model, loss_label, augmentation_label, size, seed)
-                    cell = _make_cell(sweep, axes, loss, augmentation, is_baseline)
-                    if cell.key not in seen:  # e.g. {method: none, k: 2} beside the baseline: the same cell once
-                        seen.add(cell.key)
-                        cells.append(cell)
-    return cells
+    return [Cell(c.key, c.axes, c.spec, c.unavailable, c.is_baseline) for c in sweep.kind.grid.expand(sweep)]
 
 
-def _make_cell(sweep: SweepSpec, axes: dict[str, str], loss: LossCell, augmentation: AugmentationCell,
-               is_baseline: bool) -> Cell:
-    key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
-    seed = int(axes["seed"])
-    size = axes["size"] if axes["size"] == "full" else int(axes["size"])
-    if needs_augmentation(loss.loss_spec()) and augmentation.method == "none":
-        return Cell(key, axes, None, f"{loss.contrastive} needs augmentation", is_baseline)
-    trial = dict(sweep.base)
-    trial.update({
-        "name": f"{sweep.name}.{key}",
-        "seed": seed,
-        "model": {"name": axes["model"], "max_length": sweep.grid.max_length},
-        "loss": loss.loss_spec().model_dump(exclude_defaults=True, by_alias=True),
-        "augmentation": augmentation.model_dump(exclude_defaults=True, exclude_none=True) if augmentation.method != "none" else {},
-        "training_data": {**(sweep.base.get("training_data") or {}), "size": size, "seed": seed},
-    })
-    if loss.sir is not None:
-        trial["sir"] = loss.sir.model_dump()
-    return Cell(key, axes, TrialSpec.model_validate(trial), None, is_baseline)
-
-
-# An EAR cell's searched hyper-parameters: where each sits in its trial spec.
-EAR_SEARCHED = {"learning_rate": ("ear", "learning_rate"), "alpha": ("ear", "alpha"), "max_rank": ("ear", "max_rank"),
-                "n": ("expansion", "n")}
-
-
-def _expand_ear_grid(sweep: SweepSpec) -> list[Cell]:
-    """Every (model, reranker, seed) of an EAR grid, its axes named as a re-ranking grid's
-    (:func:`orchestrator.core.schema.axes`: ``loss`` is ``ear-ri`` or ``ear-rd``)."""
-    grid, cells = sweep.grid, []
-    ear = sweep.base.get("ear")  # not a mapping: EarTrialSpec says so, naming base.ear
-    for model in grid.models:
-        for reranker in grid.rerankers:
-            for seed in grid.seeds:
-                trial = {**sweep.base, "name": sweep.name, "seed": seed, "model": {"name": model, "max_length": grid.max_length},
-                         "ear": {**ear, "reranker": reranker} if isinstance(ear, dict) else
-                                {"reranker": reranker} if ear is None else ear}
-                spec = EarTrialSpec.model_validate(trial)
-                axes = {axis: value for axis, value in schema.axes(spec).items() if axis in schema.GRID_AXES}
-                key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
-                cells.append(Cell(key, axes, spec.model_copy(update={"name": f"{sweep.name}.{key}"}), None, False))
-    return cells
-
-
-def apply_params(spec: TrialSpec | EarTrialSpec, params: dict) -> TrialSpec | EarTrialSpec:
-    """The cell's spec with one sample of its search space applied."""
-    data = spec.model_dump(mode="json")
-    if isinstance(spec, EarTrialSpec):
-        for name, value in params.items():
-            if name not in EAR_SEARCHED:
-                raise ValueError(f"unknown searched parameter '{name}' of an EAR cell")
-            section, field = EAR_SEARCHED[name]
-            data[section][field] = value
-        return EarTrialSpec.model_validate(data)
-    for name, value in params.items():
-        if name == "learning_rate":
-            data["optimization"]["learning_rate"] = value
-        elif name in LOSS_HYPERPARAMETERS:
-            data["loss"][name] = value
-        elif name == "k":
-            data["augmentation"]["k"] = value
-        elif name == "sir_levels":
-            data["sir"]["levels"] = [int(k) for k in str(value).split("-")]
-        else:
-            raise ValueError(f"unknown searched parameter '{name}'")
-    return TrialSpec.model_validate(data)
+def apply_params(spec, params: dict):
+    """The cell's spec with one sample of its search space applied (its kind's declarations say where)."""
+    return kind_of(spec).apply_params(spec, params)
 
 
 def _search_values(space) -> list:
@@ -478,19 +262,18 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
     """The first problem of the search against the cells, as (YAML key path, message), or None:
     a range or choice outside what the field accepts, or a cell that cannot draw
     ``trials_per_cell`` distinct parameter sets (its trials would repeat one another)."""
-    from pydantic import ValidationError
-
     runnable = [c for c in cells if c.spec is not None]
+    own = {p.name for p in sweep.kind.searched}
     for name in SearchSpec.model_fields:
         space = getattr(sweep.search, name)
         cell = next((c for c in runnable if name in c.searched), None)
-        if space is not None and name in _KIND_SPACES and (name in EAR_SEARCHED) != sweep.is_ear:
-            # a space of the other kind's cells would silently search nothing (a re-ranking space
+        if space is not None and name in SEARCHED and name not in own:
+            # a space of another kind's cells would silently search nothing (a re-ranking space
             # may name a loss's parameter that only some grids have: that one applies when present)
             shown = SearchSpec.model_fields[name].alias or name
-            return ("search", shown), (f"search.{shown}: {'only EAR' if name in EAR_SEARCHED else 'only re-ranking'} "
-                                       f"cells search it, and this grid's cells are {'EAR' if sweep.is_ear else 're-ranking'}"
-                                       " trials: remove it")
+            owners = " and ".join(k.described_as for k in TRIAL_KINDS.values() if name in {p.name for p in k.searched})
+            return ("search", shown), (f"search.{shown}: only {owners} cells search it, and this grid's cells are "
+                                       f"{sweep.kind.described_as} trials: remove it")
         if cell is None or not isinstance(space, (FloatRange, Choices)):
             continue
         shown = SearchSpec.model_fields[name].alias or name
@@ -512,17 +295,9 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
     return None
 
 
-# the searched spaces only one kind's cells have (the settings and learning_rate apply to all)
-_KIND_SPACES = frozenset(set(SearchSpec.model_fields) - set(_SearchSettings.model_fields))
-
-
 def load_sweep(path: Path) -> SweepSpec:
     """A sweep file, validated with every cell's trial spec (the base is checked through them)
     and its search against the cells; errors name the file and the line."""
-    from pydantic import ValidationError
-
-    from orchestrator.core.config import input_error, read_yaml, validate
-
     path = Path(path)
     data, lines = read_yaml(path)
     sweep = validate(data, SweepSpec, path, lines)
@@ -555,8 +330,6 @@ def check_owner(sweep: SweepSpec, recorded: str | None, where: str, homes: tuple
     was when ``recorded`` was written, and where it is now; a store moved or copied since (an
     rsync, ``cp -r`` of the project folder) belongs to the file at the same place beside it, the
     original file elsewhere says nothing about the copy that is read."""
-    import os
-
     mine = sweep_file(sweep)
     if mine is None or recorded is None or Path(recorded) == mine:
         return recorded is None and mine is not None
@@ -589,10 +362,8 @@ def check_targets(sweep: SweepSpec, cells: list[Cell], query_ids: bool = True) -
     is held out from the training and validation queries: by configuration, and with
     ``query_ids`` by the queries of local collections (nothing is prepared). A target that is
     not is an error naming its YAML line."""
-    from orchestrator.core.lifecycle import target_overlap, targets
-
     cell = next((c for c in cells if c.spec is not None), None)
-    if cell is None or isinstance(cell.spec, EarTrialSpec):  # EAR carves validation from train; no zero-shot
+    if cell is None or not sweep.kind.grid.zero_shot:  # (EAR carves validation from train; no zero-shot)
         return
     zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
     evaluation_targets = targets(cell.spec, zero_shot)
@@ -604,3 +375,12 @@ def check_targets(sweep: SweepSpec, cells: list[Cell], query_ids: bool = True) -
         keys = ((("zero_shot", index - own),) if index >= own else
                 (("base", "data", "test_split"), ("base", "data", "test_collection"), ("base", "data")))
         raise InputError(yaml_location(sweep, *keys), problem + ": a test must be held out (choose another split or collection)")
+
+
+def sweep_specs(sweep) -> list:
+    """Every trial spec a sweep's runnable cells and their zero-shot targets prepare."""
+    cells = [c.spec for c in expand_grid(sweep) if c.spec is not None]
+    if not cells or not sweep.kind.grid.zero_shot:  # (its winners are tested on their own test split only)
+        return cells
+    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
+    return cells + [target.spec for target in targets(cells[0], zero_shot)[1:]]

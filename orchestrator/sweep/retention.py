@@ -6,9 +6,13 @@ the other trials' Train runs go and the winner's model is logged to MLflow's art
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import optuna
+
 from orchestrator.core import schema
+from orchestrator.core.execution import IN_EPOCH_DIR
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.grid import Cell, SweepSpec
 from orchestrator.sweep.search import COUNTED, TRAIN_RUN, optuna_storage
@@ -18,8 +22,6 @@ def keep_chosen_and_last(train_run: Path, chosen: str | Path) -> None:
     """Delete a trial's epoch checkpoints (``<train_run>/epoch-<n>``) but its chosen one (tested if
     it wins) and its last. Only for a trial its cell's study holds as COMPLETE: Ray Train's own
     record of the run still lists the deleted ones, so this run must never be fitted again."""
-    import shutil
-
     epochs = sorted(Path(train_run).glob("epoch-*"), key=lambda d: int(d.name.rpartition("-")[2]))
     keep = {Path(chosen).name, epochs[-1].name if epochs else None}
     for directory in epochs:
@@ -32,10 +34,6 @@ def keep_winners(sweep: SweepSpec, tracker: Tracker, cells: list[Cell], cell_run
     """For every tested cell: its winner's model as the cell run's artifact (``storage.log_models``)
     and, with ``storage.keep: winners``, the other trials' checkpoints deleted. Idempotent, and
     done for cells tested by an earlier invocation too (a driver killed in between)."""
-    import shutil
-
-    import optuna
-
     for cell in cells:
         run = tracker.client.get_run(cell_runs[cell.key])
         winner_run = run.data.tags.get(schema.WINNER_TAG)
@@ -61,8 +59,6 @@ def keep_winners(sweep: SweepSpec, tracker: Tracker, cells: list[Cell], cell_run
 def checkpoint_disk_use(ray_storage: Path) -> dict:
     """Bytes the sweep's trials hold on its storage (checkpoints, in-epoch state), in all and per
     trial that holds any (``storage.keep`` decides what stays)."""
-    from orchestrator.core.execution import IN_EPOCH_DIR
-
     sizes = []
     if ray_storage.is_dir():
         for run in ray_storage.iterdir():  # a Train run per trial: epoch-<n>/ checkpoints, in-epoch state

@@ -12,15 +12,17 @@ from its last epoch checkpoint.
 from __future__ import annotations
 
 import functools
+import itertools
+import random
 from pathlib import Path
 
 import optuna
 from ray.tune.search import Searcher
 
 from orchestrator.core.schema import OBJECTIVE
-from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params
+from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params, distinct_parameter_sets
+from workloads.core.seeds import derived_seed
 from workloads.kinds import kind_of
-from workloads.seeds import derived_seed
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
@@ -89,11 +91,6 @@ def tried_parameters(study: optuna.Study, exclude: int | None = None) -> list[di
 def untried(cell: Cell, search: SearchSpec, tried: list[dict], seed: int) -> dict | None:
     """A parameter set of a finite search space the cell has not tried (None: none is left or the
     space is a range), drawn in a seeded order."""
-    import itertools
-    import random
-
-    from orchestrator.sweep.grid import distinct_parameter_sets
-
     if distinct_parameter_sets(cell, search) is None:
         return None
     options = {}

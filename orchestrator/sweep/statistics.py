@@ -25,9 +25,9 @@ from pathlib import Path
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.grid import SweepSpec, expand_grid
+from workloads.core.logs import get_logger
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.evaluation.statistics import compare_uncertainty, seed_summary
-from workloads.logs import get_logger
 
 log = get_logger("sweep")
 

@@ -4,15 +4,14 @@ mount ($ORCHESTRATE_SHARED_DIR). Offline: the catalog is read from Pyserini's ja
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchestrator.core.staging import index_names, staging_problems, sweep_specs
-from orchestrator.sweep.grid import load_sweep
+from orchestrator.core.staging import index_names, staging_problems
+from orchestrator.sweep.grid import load_sweep, sweep_specs
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 DOC19 = REPO / "search_spaces" / "doc19.yaml"
@@ -67,8 +66,8 @@ def test_a_cache_off_the_shared_volume_is_named(data_dir, monkeypatch, tmp_path)
 
 def test_doc19_dry_run_on_the_cluster_reports_no_index_or_staging_problem(data_dir, shared_cache):
     env = dict(os.environ, ORCHESTRATE_SHARED_DIR=f"{data_dir}:{shared_cache}")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(DOC19), "--dry-run", "--json",
-                           "--storage", str(shared_cache / "sweeps")], capture_output=True, text=True, cwd=REPO, env=env)
+    proc = run_cli(REPO, "sweep", str(DOC19), "--dry-run", "--json", "--storage", str(shared_cache / "sweeps"),
+                   env={"ORCHESTRATE_SHARED_DIR": env["ORCHESTRATE_SHARED_DIR"]})
     assert proc.returncode == 0, proc.stderr
     preflight = json.loads(proc.stdout)["preflight"]
     # (offline, the models not downloaded yet are named: that is the preflight's, not staging's)
@@ -78,8 +77,7 @@ def test_doc19_dry_run_on_the_cluster_reports_no_index_or_staging_problem(data_d
 def test_prepare_refuses_an_unknown_index_name_before_preparing_anything(tmp_path, shared_cache):
     path = doc19_with(tmp_path, zero_shot=[ROBUST04])
     before = sorted(shared_cache.rglob("*"))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "prepare", str(path)], capture_output=True, text=True,
-                          cwd=tmp_path, env=dict(os.environ))
+    proc = run_cli(tmp_path, "prepare", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "'robust04' is not a prebuilt index" in proc.stderr
     assert "Traceback" not in proc.stderr and sorted(shared_cache.rglob("*")) == before
@@ -88,8 +86,8 @@ def test_prepare_refuses_an_unknown_index_name_before_preparing_anything(tmp_pat
 def test_a_sweep_refuses_an_unstaged_file_before_it_writes_anything(tmp_path, data_dir, shared_cache):
     env = dict(os.environ, ORCHESTRATE_SHARED_DIR=str(shared_cache))  # the data directory is not on the workers' storage
     storage = tmp_path / "store"
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(DOC19), "--storage", str(storage),
-                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    proc = run_cli(tmp_path, "sweep", str(DOC19), "--storage", str(storage), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                   env={"ORCHESTRATE_SHARED_DIR": env["ORCHESTRATE_SHARED_DIR"]})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "is not on the workers' storage" in proc.stderr
     assert not storage.exists() and not (tmp_path / "mlflow.db").exists()

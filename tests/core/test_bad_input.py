@@ -2,6 +2,7 @@
 problem, exit code 2, no traceback, nothing written; hangs become errors within seconds; commands
 that only read write nothing; the first-use conveniences a new user looks for."""
 
+import json
 import os
 import shutil
 import socket
@@ -12,7 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import free_port
+from orchestrator.cli import build_parser
+from orchestrator.core.tracking import Tracker
+from orchestrator.sweep.grid import load_sweep
+from orchestrator.sweep.store import bind_store, sweep_paths
+from tests.helpers import free_port, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SCIFACT = Path(os.environ["ORCHESTRATE_DATA_DIR"]) / "scifact"
@@ -20,8 +25,7 @@ READ_ONLY = Path("/sys/rerank-lab-test")  # not writable, even as root
 
 
 def cli(cwd: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli(cwd, *args, timeout=timeout)  # in process: these are the command's answers, not the interpreter's
 
 
 def one_line(proc: subprocess.CompletedProcess, *expected: str) -> str:
@@ -141,7 +145,6 @@ def test_paths_in_a_yaml_are_relative_to_the_yaml(tmp_path, tiny_beir):
     elsewhere.mkdir()
     from_root, from_elsewhere = (cli(cwd, "run", str(configs / "t.yaml"), "--dry-run", "--json") for cwd in (tmp_path, elsewhere))
     assert from_root.returncode == from_elsewhere.returncode == 0, from_elsewhere.stderr[-2000:]
-    import json
 
     keys = [json.loads(p.stdout)["trials"][0] for p in (from_root, from_elsewhere)]
     assert keys[0]["config"]["data"]["collection"] == str(tiny_beir) == keys[1]["config"]["data"]["collection"]
@@ -225,10 +228,6 @@ def test_a_dry_run_writes_nothing_and_names_what_would_stop_the_sweep(tmp_path):
 
 
 def test_reset_and_runs_never_touch_another_files_sweep_of_the_same_name(tmp_path):
-    from orchestrator.core.tracking import Tracker
-    from orchestrator.sweep.grid import load_sweep
-    from orchestrator.sweep.runner import bind_store, sweep_paths
-
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     owner, other = _sweep_file(tmp_path / "a"), _sweep_file(tmp_path / "b")
@@ -268,8 +267,6 @@ def test_negative_counts_and_impossible_ports(tmp_path, args, message):
 
 
 def test_the_ui_on_a_port_in_use_is_one_line_before_mlflow_starts(tmp_path):
-    from orchestrator.core.tracking import Tracker
-
     db = tmp_path / "m.db"
     Tracker(f"sqlite:///{db}").experiment_id("x")  # a store with something to show (an empty file is no store)
     with socket.socket() as busy:
@@ -285,14 +282,11 @@ def test_the_ui_on_a_port_in_use_is_one_line_before_mlflow_starts(tmp_path):
 def test_version_and_verbosity_before_the_command():
     proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("rerank-lab ")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "-v", "perturb", "wikiqa", "--show", "0"],
-                          capture_output=True, text=True, env=dict(os.environ))
+    proc = cli(REPO, "-v", "perturb", "wikiqa", "--show", "0")
     assert proc.returncode == 0 and "punctuation" in proc.stdout
 
 
 def test_every_option_says_what_it_does_and_its_default():
-    from orchestrator.cli import build_parser
-
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
     for name, command in commands.items():

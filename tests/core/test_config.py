@@ -5,9 +5,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.core.config import load_spec
-from workloads.errors import InputError
-from workloads.spec import TrialSpec
+from orchestrator.core.config import load_spec, load_trials
+from orchestrator.core.schema import axes, flat_params, trial_key
+from workloads.core.errors import InputError
+from workloads.kinds.rerank.identity import _ALWAYS_KEYED_LOSS_PARAMETERS
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.selector.trial_spec import selector_key, selector_trial
 
 REPO = Path(__file__).resolve().parents[2]
 TRIAL = REPO / "search_spaces" / "trials" / "trial-scifact.yaml"
@@ -101,15 +104,12 @@ def test_valid_contrastive_spec_round_trips():
                                      "loss": {"contrastive": "scl", "lambda": 0.3, "tau": 0.2},
                                      "augmentation": {"method": "bm25", "k": 2}})
     assert TrialSpec.model_validate(spec.model_dump(mode="json")) == spec
-    from orchestrator.core.schema import axes, flat_params
 
     # searched values are params; the axes name the system (the same tags on cell and trial runs)
     assert flat_params(spec)["loss.lambda"] == "0.3" and axes(spec)["augmentation"] == "bm25"
 
 
 def test_multi_trial_file_merges_base_and_points_at_override_lines(tmp_path):
-    from orchestrator.core.config import load_trials
-
     experiment, specs = load_trials(REPO / "search_spaces" / "trials" / "rq1-scifact.yaml", TrialSpec)
     assert experiment == "rq1-scifact"
     assert [s.name for s in specs] == ["rq1-scifact.baseline", "rq1-scifact.bm25-aug", "rq1-scifact.bm25-aug-scl"]
@@ -122,8 +122,6 @@ def test_multi_trial_file_merges_base_and_points_at_override_lines(tmp_path):
 
 
 def test_trial_identity_is_unchanged_by_the_reranking_section_at_its_defaults():
-    from orchestrator.core.schema import trial_key
-
     spec = TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"},
                                      "model": {"name": "minilm-l6", "max_length": 128}})
     # The key this spec had before `reranking` existed: finished trials tracked then are reused.
@@ -160,8 +158,6 @@ def test_a_split_used_twice_is_refused_with_its_line(tmp_path, data, message):
 def test_trial_keys_of_losses_tracked_before_the_new_readings_are_unchanged():
     """Golden keys computed with the code before the loss readings (SCL normalisation, CTriplet
     centroid, TML reduction, NCA scale) and augmentation redraws existed: their runs are reused."""
-    from orchestrator.core.schema import trial_key
-
     base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
     golden = [({"contrastive": "scl", "tau": 0.2}, "8f6ceb08fb249c20"), ({"contrastive": "tml"}, "9954609d6baef26f"),
               ({"ranking": "pairwise", "margin": 2.0}, "9a1825841da2cff2")]
@@ -186,9 +182,6 @@ def test_trial_keys_of_losses_tracked_before_the_new_readings_are_unchanged():
 def test_first_stage_index_at_build_keeps_every_key():
     """Keys computed before first_stage.index existed (by the code of 6cb764b): a trial's, a trial
     whose test collection has its own first stage, a selector's (a trained selector is found again)."""
-    from orchestrator.core.schema import trial_key
-    from workloads.selectors.kind import selector_key, selector_trial
-
     base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
     assert trial_key(TrialSpec.model_validate(base)) == "761b677795444a3d"
     zero_shot = {**base, "data": {"collection": "beir/scifact", "test_collection": "wikiqa", "test_split": "test",
@@ -205,8 +198,6 @@ def test_trial_keys_follow_the_loss_declarations():
     """Keys computed before loss parameters were declared once (issue 33): unchanged. A loss
     parameter outside the frozen first set is keyed only where read and off its keyed default,
     so a new loss or parameter (lambdaloss) needs no edit to keep every other key."""
-    from orchestrator.core.schema import _ALWAYS_KEYED_LOSS_PARAMETERS, trial_key
-
     base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
 
     def key(loss, **more):

@@ -8,15 +8,15 @@ import pytest
 import yaml
 
 from tests.core.test_offline import assert_one_clear_line
-from tests.helpers import by_kind, mlflow_runs, orchestrate
+from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli
 from tests.workloads.test_expansion import ear_world  # noqa: F401 - the fixture
+from workloads.evaluation import evaluate
+from workloads.kinds.ear.spec import RUN_FILE, load_ear_trial, trained_ear
+from workloads.retrieval.bm25 import read_trec_run
 
 
 @pytest.mark.slow
 def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_world, tmp_path):  # noqa: F811
-    from workloads.evaluation import evaluate
-    from workloads.expansion.kind import RUN_FILE, load_ear_trial, trained_ear
-    from workloads.retrieval.bm25 import read_trec_run
 
     root, ear_file, config = ear_world
     rerank = {"name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},
@@ -41,7 +41,7 @@ def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_wor
     # the trial's first stage on its test queries is EAR's run: the same nDCG@10
     assert trials[0].data.metrics["bm25_test_ndcg_at_10"] == pytest.approx(ear_test.aggregate["ndcg_at_10"])
 
-    proc = orchestrate(tmp_path, "run", str(ear_file), *store, "--json")  # kept: reused, its comparison printed
+    proc = run_cli(tmp_path, "run", str(ear_file), *store, "--json")  # kept: reused, its comparison printed
     assert proc.returncode == 0, proc.stderr[-3000:]
     systems = json.loads(proc.stdout)["trials"][0]["systems"]
     assert list(systems) == ["bm25", "rm3", "first", "concatenated", "ear-ri", "oracle"]
@@ -51,7 +51,7 @@ def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_wor
     assert by_kind(runs, "ear") == []  # reused from the cache: not trained or tracked again
 
     # the kept reranker choosing among a split's expansions anywhere: on its own test split, its test
-    proc = orchestrate(tmp_path, "expand", "--dataset", str(root), "--split", "test", "--source", "file", "--path",
+    proc = run_cli(tmp_path, "expand", "--dataset", str(root), "--split", "test", "--source", "file", "--path",
                        config["expansion"]["path"], "--n", "4", "--depth", "10", "--ear", str(ear_file), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     expanded = json.loads(proc.stdout)["systems"]
@@ -63,7 +63,7 @@ def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_wor
                       "augmentations": [{"method": "none"}], "sizes": [20]},
              "search": {"trials_per_cell": 1}}
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(sweep))
-    proc = orchestrate(tmp_path, "sweep", "grid.yaml", "--dry-run", "--json", *store)
+    proc = run_cli(tmp_path, "sweep", "grid.yaml", "--dry-run", "--json", *store)
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads(proc.stdout)
     assert [(e["name"], e["trained"], e["cells"]) for e in plan["ear_trials"]] == [("ear-world", True, 1)]
@@ -71,25 +71,25 @@ def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_wor
 
 def test_ear_files_bad_input_is_one_line(ear_world, tmp_path, monkeypatch):  # noqa: F811
     root, ear_file, config = ear_world
-    proc = orchestrate(tmp_path, "run", str(ear_file), "--dry-run")
+    proc = run_cli(tmp_path, "run", str(ear_file), "--dry-run")
     assert proc.returncode == 0 and "EAR trial ear-world (identity " in proc.stdout, proc.stderr[-2000:]
 
     (root / "expansions.jsonl").write_text((root / "expansions.jsonl").read_text() +
                                            json.dumps({"query_id": "q999", "expansion": "x"}) + "\n")
-    assert_one_clear_line(orchestrate(tmp_path, "run", str(ear_file), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"),
+    assert_one_clear_line(run_cli(tmp_path, "run", str(ear_file), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"),
                           "expansions.jsonl", "1 query ids are not queries of")
     assert not (tmp_path / "m.db").exists()  # nothing written before the inputs are known good
 
     generated = {**config, "expansion": {"source": "generator", "model": "some-org/not-cached-generator", "n": 2}}
     (tmp_path / "gen.yaml").write_text(yaml.safe_dump(generated))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert_one_clear_line(orchestrate(tmp_path, "run", "gen.yaml"), "expansion.model some-org/not-cached-generator",
+    assert_one_clear_line(run_cli(tmp_path, "run", "gen.yaml"), "expansion.model some-org/not-cached-generator",
                           "not in the local Hugging Face cache")
 
     rerank = {"name": "r", "data": {"collection": str(root)}, "model": config["model"],
               "first_stage": {"method": "ear", "run": "missing.yaml"}}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(rerank))
-    assert_one_clear_line(orchestrate(tmp_path, "run", "r.yaml"), "missing.yaml", "no such EAR trial file")
+    assert_one_clear_line(run_cli(tmp_path, "run", "r.yaml"), "missing.yaml", "no such EAR trial file")
 
 
 @pytest.mark.slow
@@ -97,10 +97,6 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
     """An EAR grid as a sweep: Optuna draws alpha, n and the learning rate per trial; the winner
     is tested by BM25 with the expansions it chooses, kept (its trial file is an artifact and is
     found trained), and a rerun starts nothing."""
-    from workloads.evaluation import evaluate
-    from workloads.expansion.kind import RUN_FILE, load_ear_trial, trained_ear
-    from workloads.retrieval.bm25 import read_trec_run
-
     root, _, config = ear_world
     base = {k: v for k, v in config.items() if k not in ("name", "model")}
     base["ear"] = {k: v for k, v in config["ear"].items() if k != "reranker"} | {"epochs": 2}
@@ -113,7 +109,7 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = ("--tracking-uri", uri, "--storage", str(tmp_path / "sweeps"))
 
-    proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", "--dry-run", "--json", *store)
+    proc = run_cli(tmp_path, "sweep", "ear-grid.yaml", "--dry-run", "--json", *store)
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = json.loads(proc.stdout)
     assert (plan["runnable_cells"], plan["trials_to_run"], plan["mlflow_runs_runnable"]) == (1, 2, 4)
@@ -148,16 +144,16 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
         evaluate({q: run[q] for q in test_qrels}, test_qrels, 1).aggregate["ndcg_at_10"])
     assert "bm25_test_ndcg_at_10" in cell.data.metrics  # the first stage beside it
 
-    proc = orchestrate(tmp_path, "status", "ear-grid.yaml", *store, "--json")
+    proc = run_cli(tmp_path, "status", "ear-grid.yaml", *store, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     status = json.loads(proc.stdout)
     assert (status["cells_done"], status["trials_finished"], status["trials_to_run"]) == (1, 2, 0)
-    proc = orchestrate(tmp_path, "report", "ear-grid.yaml", *store, "--cols", "loss", "--out", str(tmp_path / "report"))
+    proc = run_cli(tmp_path, "report", "ear-grid.yaml", *store, "--cols", "loss", "--out", str(tmp_path / "report"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ear-ri / file" in proc.stdout and f"{cell.data.metrics['test_ndcg_at_10']:.4f}" in proc.stdout
     assert "no baseline cell" in proc.stdout and "against the baseline" not in proc.stdout  # nothing to compare with
 
-    proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", *store)  # done: resumed, nothing new
+    proc = run_cli(tmp_path, "sweep", "ear-grid.yaml", *store)  # done: resumed, nothing new
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, again = mlflow_runs(uri, "ear-grid")
     assert len(again) == 4 and {r.info.run_id for r in again} == {r.info.run_id for r in runs}

@@ -5,9 +5,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,7 +22,7 @@ PROBE = """
 import json, os, sys
 import ray.tune
 from orchestrator.core.execution import init_ray
-from workloads.paths import cache_dir, data_dir
+from workloads.core.paths import cache_dir, data_dir
 
 def trial(config):
     ray.tune.report({"cwd": os.getcwd(), "cache": str(cache_dir()), "data": str(data_dir())})
@@ -74,10 +77,6 @@ print(ray.get(state_of.remote(actor._actor_id.hex())))
 
 
 def test_workers_find_this_rays_state_api_despite_a_stale_cluster_address():
-    import tempfile
-
-    from tests.helpers import free_port
-
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
         (ray_tmp / "ray").mkdir()

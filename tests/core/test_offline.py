@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.core import execution
+from workloads.core.errors import InputError
+from workloads.models.cross_encoder import require_model_available
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -87,8 +91,6 @@ def test_downloads_on_without_a_network_is_one_line_too(tmp_path):
 
 
 def test_the_command_line_leaves_downloads_on_and_passes_offline_mode_to_workers(monkeypatch):
-    from orchestrator.core import execution
-
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     execution.set_environment_defaults()
     assert "HF_HUB_OFFLINE" not in os.environ  # on by default: Hugging Face's own behaviour
@@ -106,8 +108,6 @@ def test_a_model_cached_without_its_weights_is_not_available_offline(tmp_path, m
     short, or a repository whose weights were not fetched) fails at once, with one line."""
     import huggingface_hub.constants
 
-    from workloads.errors import InputError
-    from workloads.models.cross_encoder import require_model_available
 
     snapshot = tmp_path / "hub" / "models--someone--half-cached" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)

@@ -1,9 +1,12 @@
 """`orchestrate run` and a sweep go through one lifecycle: the same quantity has the same
 metric name on both, and a cell run and its trial runs carry the same axis tags."""
 
+import json
+
 import pytest
 
-from tests.helpers import by_kind, mlflow_runs
+from orchestrator.core.tracking import Tracker
+from tests.helpers import by_kind, mlflow_runs, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +21,6 @@ SWEEP_STATISTICS = ("_seed_mean", "_seed_std", "_seeds", "_difference", "_ci_low
 def test_run_and_sweep_log_the_same_names(trial_run, failing_sweep):
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.core.tracking import Tracker
 
     work, uri, report, _ = trial_run
     run_metrics = set(Tracker(uri).client.get_run(report["mlflow_run_id"]).data.metrics)
@@ -50,19 +52,15 @@ def test_run_and_sweep_log_the_same_names(trial_run, failing_sweep):
 
 
 def test_compare_a_cell_with_its_bm25_and_with_another_cell(failing_sweep):
-    import json
-
-    from tests.helpers import orchestrate
-
     work, _, uri, *_ = failing_sweep
     _, runs = mlflow_runs(uri, "tiny-fail")
     cells = [r for r in by_kind(runs, "cell") if r.info.status == "FINISHED"]
-    against_bm25 = orchestrate(work, "compare", cells[0].info.run_id, "--tracking-uri", uri, "--json")
+    against_bm25 = run_cli(work, "compare", cells[0].info.run_id, "--tracking-uri", uri, "--json")
     assert against_bm25.returncode == 0, against_bm25.stderr[-2000:]
     result = json.loads(against_bm25.stdout)
     assert result["a"]["collection"] == "test" and result["b"]["collection"] == "bm25_test" and result["queries"] == 30
     assert all(0 <= m["p_value"] <= 1 for m in result["measures"])
     ndcg = next(m for m in result["measures"] if m["metric"] == "ndcg_at_10")
     assert ndcg["b"] == pytest.approx(cells[0].data.metrics["bm25_test_ndcg_at_10"], abs=1e-9)
-    between = orchestrate(work, "compare", cells[0].info.run_id, cells[1].info.run_id, "--tracking-uri", uri)
+    between = run_cli(work, "compare", cells[0].info.run_id, cells[1].info.run_id, "--tracking-uri", uri)
     assert between.returncode == 0 and "p:" in between.stdout and "nDCG@10" in between.stdout

@@ -5,7 +5,12 @@ import json
 import pytest
 import yaml
 
-from tests.helpers import orchestrate, sweep_yaml
+from tests.helpers import run_cli, sweep_yaml
+from workloads.data.docstore import DocStore
+from workloads.kinds import kind_of
+from workloads.kinds.rerank.augmentation import scorers
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.retrieval import first_stage
 
 
 def _trial_file(work, tiny_model_dir, **augmentation):
@@ -23,13 +28,13 @@ def test_prepare_builds_a_trial_files_data_once_and_a_rerun_reuses_all_of_it(tmp
                                                                               monkeypatch):
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))  # nothing built before
     path = _trial_file(tmp_path, tiny_model_dir)
-    first = orchestrate(tmp_path, "prepare", str(path), "--json")
+    first = run_cli(tmp_path, "prepare", str(path), "--json")
     assert first.returncode == 0, first.stderr[-2000:]
     built = json.loads(first.stdout)
     # the index, three first-stage runs, the training set, validation and test candidates, the perturbed test's
     assert built["units"] == 1 and built["complete"] == 1 and built["files_built"] >= 6
     assert "prepared [1/1] prep" in first.stderr
-    again = json.loads(orchestrate(tmp_path, "prepare", str(path), "--json").stdout)
+    again = json.loads(run_cli(tmp_path, "prepare", str(path), "--json").stdout)
     assert again["files_built"] == 0 and again["complete"] == 1
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / ".orchestrate").exists()  # nothing tracked or trained
 
@@ -37,7 +42,7 @@ def test_prepare_builds_a_trial_files_data_once_and_a_rerun_reuses_all_of_it(tmp
 @pytest.mark.slow  # builds real data through the CLI
 def test_prepare_says_which_trials_wait_for_a_selector(tmp_path, tiny_model_dir, scifact_dir):
     path = _trial_file(tmp_path, tiny_model_dir, method="linear", k=2)
-    result = orchestrate(tmp_path, "prepare", str(path))
+    result = run_cli(tmp_path, "prepare", str(path))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "prep waits:" in result.stdout and "linear selector is not trained yet" in result.stdout
 
@@ -45,15 +50,14 @@ def test_prepare_says_which_trials_wait_for_a_selector(tmp_path, tiny_model_dir,
 @pytest.mark.slow  # builds real data through the CLI
 def test_prepare_takes_a_sweep_a_unit_per_runnable_cell(tmp_path, tiny_model_dir, scifact_dir):
     spec = sweep_yaml(tmp_path / "tiny.yaml", tiny_model_dir, "tiny-prepare", [{"ranking": "pointwise", "contrastive": "scl"}])
-    plan = json.loads(orchestrate(tmp_path, "sweep", str(spec), "--dry-run", "--json", "--storage",
-                                  str(tmp_path / "store")).stdout)
-    result = orchestrate(tmp_path, "prepare", str(spec), "--json")
+    plan = json.loads(run_cli(tmp_path, "sweep", str(spec), "--dry-run", "--json", "--storage", str(tmp_path / "store")).stdout)
+    result = run_cli(tmp_path, "prepare", str(spec), "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["units"] == plan["runnable_cells"] == 2  # the baseline and the scl cell
 
 
 def test_prepare_of_a_missing_file_is_one_line_and_exit_2(tmp_path):
-    result = orchestrate(tmp_path, "prepare", str(tmp_path / "absent.yaml"))
+    result = run_cli(tmp_path, "prepare", str(tmp_path / "absent.yaml"))
     assert result.returncode == 2 and "absent.yaml" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -62,12 +66,6 @@ def test_a_warm_preparation_reads_no_document_and_not_the_training_run(tiny_mode
     """What a trial's process does with everything prepared: open files by key; no document is
     read (the corpus store counts), no first-stage run is read (the training split's can be
     millions of lines), nothing is split or scored again."""
-    from workloads.augmentation import scorers
-    from workloads.data.docstore import DocStore
-    from workloads.kinds import kind_of
-    from workloads.retrieval import first_stage
-    from workloads.spec import TrialSpec
-
     spec = TrialSpec.model_validate({
         "name": "warm", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},

@@ -14,13 +14,15 @@ import pytest
 import yaml
 
 from tests.core.test_offline import assert_one_clear_line
+from tests.helpers import free_port, run_cli
+from workloads.data.resolve import resolve_collection
+from workloads.retrieval import bm25
 
 SCIFACT = "beir/scifact"
 
 
 def cli(cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_cli(cwd, *args, timeout=timeout)  # in process: these are the command's answers, not the interpreter's
 
 
 def _beir(root: Path, documents: dict[str, str], queries: dict[str, str], qrels: dict[str, str]) -> Path:
@@ -153,8 +155,6 @@ def test_a_price_per_hour_that_is_no_price_is_one_line(tmp_path, price):
 
 @pytest.mark.parametrize("option", [["--device", "a10g"], ["--throughput", "t.yaml"], ["--price-per-hour", "2"]])
 def test_estimate_options_without_a_dry_run_are_refused_not_ignored(tmp_path, option):
-    from tests.helpers import free_port
-
     (tmp_path / "t.yaml").write_text(yaml.safe_dump({"mine": PROFILE}))
     # (a Ray address nothing answers at: where the options were ignored, the sweep stops there, not after training)
     proc = cli(tmp_path, "sweep", str(_sweep(tmp_path)), *option, "--address", f"127.0.0.1:{free_port()}", timeout=60)
@@ -251,8 +251,6 @@ def _build_in_child(root: str, cache: str, barrier, built: str) -> None:
     """One process of two: both ask for the same index at the same moment; each Anserini
     indexing it starts is counted in ``built``."""
     os.environ["ORCHESTRATE_CACHE_DIR"] = cache
-    from workloads.data.collections import resolve_collection
-    from workloads.retrieval import bm25
 
     real = bm25._run_java
 

@@ -8,8 +8,10 @@ import sys
 import pytest
 import yaml
 
+from orchestrator.core.tracking import Tracker
+from tests.helpers import run_cli
 from tests.workloads.test_wikiqa_and_first_stages import write_wikiqa
-from workloads.perturbations import perturb_queries
+from workloads.text.perturbations import perturb_queries
 
 pytestmark = pytest.mark.slow  # Ray Train, MLflow: about a minute
 
@@ -28,16 +30,18 @@ def test_run_tests_every_perturbed_set_and_the_report_compares_them_with_clean(t
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = dict(os.environ)
 
-    def orchestrate(*args):
-        result = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args, "--tracking-uri", uri], capture_output=True,
-                                text=True, cwd=tmp_path, env=env, timeout=900)
+    def orchestrate(*args, in_process=False):  # a fresh interpreter for the run; the report reads in process
+        if in_process:
+            result = run_cli(tmp_path, *args, "--tracking-uri", uri)
+        else:
+            result = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args, "--tracking-uri", uri], capture_output=True,
+                                    text=True, cwd=tmp_path, env=env, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
     printed = orchestrate("run", str(path), "--storage", str(tmp_path / "ray"))
     assert "robustness: robust" in printed and "| mhl-tml |" in printed
 
-    from orchestrator.core.tracking import Tracker
 
     client = Tracker(uri).client
     runs = client.search_runs([client.get_experiment_by_name("robust").experiment_id])
@@ -64,6 +68,6 @@ def test_run_tests_every_perturbed_set_and_the_report_compares_them_with_clean(t
             assert tested_texts(f"robust_{perturbation}") == expected
             assert all(expected[q] != test_queries[q] for q in expected)
 
-    report = orchestrate("report", str(path), "--robustness")
+    report = orchestrate("report", str(path), "--robustness", in_process=True)
     assert "clean AP" in report and "contraction P@1" in report and "mhl-tml vs mhl:" in report
     assert "Queries: clean 2, punctuation 2, typo 2, contraction 1." in report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core import schema
+from orchestrator.core.tracking import Tracker
 from workloads.evaluation import MEASURES
 
 
@@ -45,7 +46,6 @@ def test_a_store_written_with_flat_names_reads_the_same_and_new_writes_are_group
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.core.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     raw = MlflowClient(tracking_uri=uri)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads.reranking import WEIGHT_GRID
+from orchestrator.core.tracking import Tracker
+from workloads.evaluation.reranking import WEIGHT_GRID
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
@@ -26,8 +27,6 @@ def test_reports_validation_and_test_next_to_bm25(trial_run):
 
 
 def test_test_ranking_uses_the_weight_tuned_on_validation_at_the_best_epoch(trial_run):
-    from orchestrator.core.tracking import Tracker
-
     _, uri, report, _ = trial_run
     client = Tracker(uri).client
     run_id = report["mlflow_run_id"]
@@ -45,8 +44,6 @@ def test_test_ranking_uses_the_weight_tuned_on_validation_at_the_best_epoch(tria
 
 
 def test_mlflow_run_holds_config_axes_epochs_metrics_and_artifacts(trial_run):
-    from orchestrator.core.tracking import Tracker
-
     _, uri, report, _ = trial_run
     client = Tracker(uri).client
     experiment = client.get_experiment_by_name("tiny-scifact")
@@ -78,8 +75,6 @@ def test_checkpoints_per_epoch_in_safetensors(trial_run):
 
 
 def test_rerun_reuses_the_finished_run(trial_run):
-    from orchestrator.core.tracking import Tracker
-
     _, uri, first, second = trial_run
     assert second["reused"] is True and second["mlflow_run_id"] == first["mlflow_run_id"]
     assert second["test"]["model"] == first["test"]["model"]

@@ -10,16 +10,29 @@ import csv
 import io
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+import yaml
 from scipy import stats
 
+import orchestrator.report.plots as plots
+import orchestrator.report.tables as tables
+from orchestrator.core.schema import KIND_TAG, NOTE_TAG
+from orchestrator.core.tracking import Tracker
+from orchestrator.report.compare import compare_runs, format_comparison
+from orchestrator.report.render import RENDERERS, render_csv, render_latex, render_markdown
+from orchestrator.report.results import load_sweep_results, systems, winners
+from orchestrator.report.robustness import robustness_table
+from orchestrator.report.tables import TableOptions, compare_with_baselines, grid_table, transfer_table, zero_shot_table
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from workloads.errors import InputError
+from orchestrator.sweep.runner import _cell_runs
+from tests.helpers import run_cli
+from tests.report.test_robustness import _reader
+from tests.workloads.test_statistics import _percentile_reference
+from workloads.core.errors import InputError
 from workloads.evaluation import Evaluation
+from workloads.evaluation.significance import paired_test
 
 QUERIES = [f"q{i:02d}" for i in range(40)]
 ZS_QUERIES = [f"n{i:02d}" for i in range(30)]
@@ -50,9 +63,6 @@ FIRST_STAGE = np.linspace(0.7, 0.9, 40)  # BM25 above every system: shown for re
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from orchestrator.core.tracking import Tracker
-    from orchestrator.sweep.runner import _cell_runs
-
     work = tmp_path_factory.mktemp("report")
     uri = f"sqlite:///{work / 'mlflow.db'}"
     tracker = Tracker(uri)
@@ -82,22 +92,17 @@ def store(tmp_path_factory):
         tracker.finish(run_id)
     tracker.finish(runs[cells[("pointwise+scl", "bm25", "200")].key], "FAILED")
     config = work / "report-grid.yaml"
-    import yaml
 
     config.write_text(yaml.safe_dump(SWEEP))
     return work, uri, tracker, sweep, runs, cells, values
 
 
 def _results(store):
-    from orchestrator.report.results import load_sweep_results
-
     _, _, tracker, sweep, *_ = store
     return load_sweep_results(sweep, tracker)
 
 
 def _table(store, **kwargs):
-    from orchestrator.report.tables import TableOptions, grid_table
-
     options = TableOptions(**kwargs)
     return grid_table(_results(store), "test_", "scifact", ("model", "size"), "augmentation", options)
 
@@ -131,7 +136,6 @@ def test_missing_and_failed_cells_are_shown_never_as_zero(store):
     assert scl.value is None and scl.status == "failed"
     assert ctriplet.value is None and ctriplet.status == "pending"
     assert base.emphasis == "best"  # the only number of the row
-    from orchestrator.report.tables import render_csv, render_markdown
 
     md = render_markdown(table)
     row200 = next(line for line in md.splitlines() if line.startswith("| tiny | 200 |"))
@@ -143,8 +147,6 @@ def test_missing_and_failed_cells_are_shown_never_as_zero(store):
 
 
 def test_markdown_bold_underline_and_markers(store):
-    from orchestrator.report.tables import render_markdown
-
     md = render_markdown(_table(store))
     row100 = next(line for line in md.splitlines() if line.startswith("| tiny | 100 |")).split(" | ")
     assert row100[2] == "0.8000"  # BM25, for reference: not bold although higher
@@ -154,8 +156,6 @@ def test_markdown_bold_underline_and_markers(store):
 
 
 def test_latex_is_well_formed(store):
-    from orchestrator.report.tables import render_latex
-
     tex = render_latex(_table(store))
     body = [line for line in tex.splitlines() if not line.startswith("%")]
     assert body[0] == r"\begin{tabular}{llrrrrrr}" and body[-1] == r"\end{tabular}"
@@ -183,9 +183,6 @@ def test_holm_correction_applies_across_the_table(store):
 
 
 def test_inconsistent_store_is_an_error(store, tmp_path):
-    from orchestrator.report.results import load_sweep_results
-    from orchestrator.report.tables import TableOptions, grid_table
-
     _, uri, tracker, sweep, runs, cells, _ = store
     run_id = runs[cells[("pointwise+ctriplet", "bm25", "100")].key]
     original = tracker.client.get_run(run_id).data.metrics["test_ndcg_at_10"]
@@ -198,8 +195,6 @@ def test_inconsistent_store_is_an_error(store, tmp_path):
 
 
 def test_zero_shot_table_selects_on_validation(store):
-    from orchestrator.report.tables import TableOptions, render_markdown, zero_shot_table
-
     *_, values = store
     table = zero_shot_table(_results(store), TableOptions(), {})
     labels = [keys[0] for keys, _ in table.rows]
@@ -219,8 +214,6 @@ def test_zero_shot_table_selects_on_validation(store):
 
 
 def test_transfer_matrix(store):
-    from orchestrator.report.tables import TableOptions, transfer_table
-
     table = transfer_table([_results(store)], TableOptions(), {"loss": "pointwise+ctriplet", "size": "100",
                                                                  "augmentation": "bm25"})
     assert table.columns == ["scifact", "nfcorpus"] and table.rows[0][0] == ["scifact", "tiny"]
@@ -228,8 +221,6 @@ def test_transfer_matrix(store):
 
 
 def test_compare_two_cells(store):
-    from orchestrator.report.compare import compare_runs
-
     _, _, tracker, _, runs, cells, values = store
     a = runs[cells[("pointwise", "none", "100")].key]
     b = runs[cells[("pointwise+scl", "bm25", "100")].key]
@@ -250,8 +241,7 @@ def test_compare_two_cells(store):
 
 
 def _cli(work, *args):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=work, capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)
+    return run_cli(work, *args)
 
 
 def test_report_cli_writes_tables_and_figures_and_logs_them(store):
@@ -269,7 +259,6 @@ def test_report_cli_writes_tables_and_figures_and_logs_them(store):
                       "best_val_ndcg_at_10", "trials_complete"]
     pngs = [p for p in (out / "report-grid").glob("*.png")]
     assert len(pngs) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
-    from orchestrator.core.schema import KIND_TAG, NOTE_TAG
 
     experiment = tracker.client.get_experiment_by_name("report-grid")
     root = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'sweep'")
@@ -281,8 +270,6 @@ def test_report_cli_writes_tables_and_figures_and_logs_them(store):
 
 
 def test_winners_hyperparameters_carry_the_names_the_ui_compares(store):
-    from orchestrator.report.results import winners
-
     rows = winners(_results(store))
     assert len(rows) == 4  # the tested cells: neither the failed one nor those never run
     scl = next(r for r in rows if r["loss"] == "pointwise+scl")
@@ -310,10 +297,6 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
 def _golden_cases(store):
     """The tables whose output at 617b804 (before seeds, intervals and families) is in golden/."""
-    from orchestrator.report.robustness import robustness_table
-    from orchestrator.report.tables import TableOptions, grid_table, transfer_table, zero_shot_table
-    from tests.report.test_robustness import _reader
-
     results = _results(store)
     return {
         "grid-default": grid_table(results, "test_", "scifact", ("model", "size"), "augmentation", TableOptions()),
@@ -339,8 +322,6 @@ def _golden(name: str) -> str:
 def test_tables_without_the_new_options_are_unchanged(store):
     """Every table, in every format, is what it was before seeds, intervals and families existed
     (golden/ was written by this code at 617b804 on this fixture)."""
-    from orchestrator.report.tables import RENDERERS
-
     for name, table in _golden_cases(store).items():
         for fmt, render in RENDERERS.items():
             assert render(table, 3 if "ap-loss" in name else 4) == _golden(f"{name}.{fmt}"), f"{name}.{fmt}"
@@ -373,8 +354,6 @@ def _relative(expected):
 
 def _raw_p_values(values):
     """The fixture's four system-vs-baseline t-tests (test and nfcorpus; SCL and CTriplet at size 100)."""
-    from workloads.evaluation.significance import paired_test
-
     out = {}
     for loss in ("pointwise+scl", "pointwise+ctriplet"):
         for target, queries in ((0, QUERIES), (1, ZS_QUERIES)):
@@ -384,8 +363,6 @@ def _raw_p_values(values):
 
 
 def test_ci_entries_hold_the_bootstrap_interval_direction_and_effect(store):
-    from tests.workloads.test_statistics import _percentile_reference
-
     *_, values = store
     row = _by_name(_table(store, ci=True), ("tiny", "100"))
     scl, ctriplet = row["bm25 / pointwise+scl"], row["bm25 / pointwise+ctriplet"]
@@ -408,9 +385,6 @@ def _family_size(note_text: str, scope: str) -> int:
 
 
 def test_the_family_size_printed_is_the_number_of_comparisons_made(store, monkeypatch):
-    import orchestrator.report.tables as tables
-    from orchestrator.report.tables import render_markdown
-
     made = set()
     original = tables.paired_test
 
@@ -429,8 +403,6 @@ def test_the_family_size_printed_is_the_number_of_comparisons_made(store, monkey
 
 
 def test_sweep_family_corrects_every_table_over_all_comparisons(store):
-    from orchestrator.report.tables import TableOptions, zero_shot_table
-
     *_, values = store
     raw = _raw_p_values(values)
     ordered = sorted(raw.values())
@@ -458,8 +430,6 @@ def test_sweep_family_corrects_every_table_over_all_comparisons(store):
 
 def test_report_cli_ci_family_sweep_bh_prints_intervals_direction_and_the_family(store):
     """The issue's 'done when': intervals, won/tied/lost and the family note, in every format."""
-    from tests.workloads.test_statistics import _percentile_reference
-
     work, uri, *_, values = store
     d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]
     low, high = _percentile_reference(d)
@@ -488,9 +458,6 @@ def test_report_cli_ci_family_sweep_bh_prints_intervals_direction_and_the_family
 
 
 def test_compare_always_shows_the_interval_direction_and_effect(store):
-    from orchestrator.report.compare import compare_runs, format_comparison
-    from tests.workloads.test_statistics import _percentile_reference
-
     _, _, tracker, _, runs, cells, values = store
     a = runs[cells[("pointwise", "none", "100")].key]
     b = runs[cells[("pointwise+scl", "bm25", "100")].key]
@@ -505,10 +472,6 @@ def test_compare_always_shows_the_interval_direction_and_effect(store):
 
 
 def test_relative_figure_draws_the_intervals_as_error_bars(store, tmp_path, monkeypatch):
-    import orchestrator.report.plots as plots
-    from orchestrator.report.results import systems
-    from orchestrator.report.tables import compare_with_baselines
-
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)  # keep the figure to look at its bars
     all_systems = systems(_results(store), "ndcg_at_10", "test_")
@@ -523,89 +486,3 @@ def test_relative_figure_draws_the_intervals_as_error_bars(store, tmp_path, monk
                and s.axes["size"] == "100")
     segments = with_bars[0].errorbar.lines[2][0].get_segments()
     assert segments[0][:, 1] == pytest.approx(list(scl.relative_ci))  # from the interval's low to its high end
-
-
-TWO_SEEDS = {
-    "name": "two-seeds",
-    "base": {"data": {"collection": "beir/scifact"}},
-    "grid": {"models": ["tiny"], "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
-             "augmentations": [{"method": "bm25", "k": 2}], "sizes": [100], "seeds": [13, 14]},
-    "search": {"trials_per_cell": 1},
-}
-
-
-@pytest.fixture(scope="module")
-def two_seeds(tmp_path_factory):
-    """A sweep of two seeds: a baseline and an SCL system per seed, each seed its own values."""
-    from orchestrator.core.tracking import Tracker
-    from orchestrator.sweep.runner import _cell_runs
-
-    work = tmp_path_factory.mktemp("seeds")
-    tracker = Tracker(f"sqlite:///{work / 'mlflow.db'}")
-    sweep = SweepSpec.model_validate(TWO_SEEDS)
-    cells = {(c.axes["loss"], c.axes["seed"]): c for c in expand_grid(sweep)}
-    rng = np.random.default_rng(5)
-    difficulty = rng.uniform(0.2, 0.6, len(QUERIES))
-    values = {("pointwise", "13"): difficulty, ("pointwise", "14"): difficulty + 0.02,
-              ("pointwise+scl", "13"): difficulty + 0.05 + rng.normal(0, 0.03, len(QUERIES)),
-              ("pointwise+scl", "14"): difficulty + 0.01 + rng.normal(0, 0.03, len(QUERIES))}
-    runs = _cell_runs(tracker, tracker.experiment_id(sweep.name), sweep, list(cells.values()))
-    for key, test in values.items():
-        run_id = runs[cells[key].key]
-        tracker.log_evaluation(run_id, "test_", _evaluation(test, QUERIES))
-        tracker.log_metrics(run_id, {"best_val_ndcg_at_10": 0.4, "trials_complete": 1})
-        tracker.finish(run_id)
-    return tracker, sweep, runs, cells, values
-
-
-def test_a_cell_of_two_seeds_shows_their_mean_and_spread(two_seeds):
-    from orchestrator.report.results import load_sweep_results
-    from orchestrator.report.tables import TableOptions, grid_table, render_csv, render_markdown
-    from tests.workloads.test_statistics import _multi_reference
-
-    tracker, sweep, _, _, values = two_seeds
-    table = grid_table(load_sweep_results(sweep, tracker), "test_", "scifact", ("model", "size"), "augmentation",
-                       TableOptions(ci=True, seeds=True))
-    row = _by_name(table, ("tiny", "100"))
-    scl, base = row["bm25 / pointwise+scl"], row["baseline"]
-    m13, m14 = values[("pointwise+scl", "13")].mean(), values[("pointwise+scl", "14")].mean()
-    assert scl.value == pytest.approx((m13 + m14) / 2) and scl.seeds == 2
-    assert scl.seed_std == pytest.approx(abs(m13 - m14) / np.sqrt(2))  # the sample std of two numbers
-    assert base.seed_std == pytest.approx(0.02 / np.sqrt(2))
-    assert dict(scl.per_seed) == pytest.approx({"13": m13, "14": m14})
-    d = np.vstack([values[("pointwise+scl", s)] - values[("pointwise", s)] for s in ("13", "14")])  # seed by seed
-    assert scl.ci == pytest.approx(tuple(_multi_reference(d)), abs=1e-12)
-    md = render_markdown(table)
-    assert f"**{scl.value:.4f}** ± {scl.seed_std:.4f} (" in md and f"13: {m13:.4f}, 14: {m14:.4f}" in md
-    assert "resamples of the queries and of the seeds" in md and "(2 seeds)" in md
-    record = next(r for r in csv.DictReader(io.StringIO(render_csv(table))) if r["column"] == "bm25 / pointwise+scl")
-    assert record["seeds"] == "2" and float(record["seed_std"]) == pytest.approx(scl.seed_std)
-    assert record["seed_values"] == f"13={float(m13)!r};14={float(m14)!r}"
-    plain = grid_table(load_sweep_results(sweep, tracker), "test_", "scifact", ("model", "size"), "augmentation", TableOptions())
-    assert f"± {scl.seed_std:.4f}" in render_markdown(plain) and "each seed" not in render_markdown(plain)
-
-
-def test_a_sweep_logs_seeds_and_intervals_on_its_cell_runs(two_seeds):
-    """What the MLflow UI compares: on every cell run of a system, under the target's section."""
-    from mlflow.tracking import MlflowClient
-
-    from orchestrator.sweep.statistics import log_cell_statistics
-    from tests.workloads.test_statistics import _multi_reference
-
-    tracker, sweep, runs, cells, values = two_seeds
-    experiment = tracker.client.get_experiment_by_name(sweep.name).experiment_id
-    assert log_cell_statistics(sweep, tracker, experiment) == 4
-    raw = MlflowClient(tracker.uri)  # the names as stored
-    scl = raw.get_run(runs[cells[("pointwise+scl", "14")].key]).data.metrics
-    m13, m14 = values[("pointwise+scl", "13")].mean(), values[("pointwise+scl", "14")].mean()
-    assert scl["test/ndcg_at_10_seed_mean"] == pytest.approx((m13 + m14) / 2)
-    assert scl["test/ndcg_at_10_seed_std"] == pytest.approx(abs(m13 - m14) / np.sqrt(2))
-    assert scl["test/ndcg_at_10_seeds"] == 2
-    d = np.vstack([values[("pointwise+scl", s)] - values[("pointwise", s)] for s in ("13", "14")])
-    low, high = _multi_reference(d)
-    assert (scl["test/ndcg_at_10_ci_low"], scl["test/ndcg_at_10_ci_high"]) == pytest.approx((low, high), abs=1e-12)
-    assert scl["test/ndcg_at_10_difference"] == pytest.approx(d.mean())
-    assert raw.get_run(runs[cells[("pointwise+scl", "13")].key]).data.metrics["test/ndcg_at_10_ci_low"] == pytest.approx(low)
-    baseline = raw.get_run(runs[cells[("pointwise", "13")].key]).data.metrics
-    assert baseline["test/ndcg_at_10_seed_std"] == pytest.approx(0.02 / np.sqrt(2))
-    assert not any(k.endswith(("_ci_low", "_difference")) for k in baseline)  # a baseline is not compared with itself

@@ -1,12 +1,17 @@
 """The robustness table: perturbed vs clean on the queries both contain, systems against the first row."""
 
+import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from orchestrator.report.robustness import perturbed_vs_clean, robustness_table
-from orchestrator.report.tables import render_markdown
-from workloads.evaluation.significance import paired_test
+from orchestrator.report.render import render_csv, render_markdown
+from orchestrator.report.results import STATUS_OK
+from orchestrator.report.robustness import perturbed_vs_clean, robustness_table, sweep_robustness
+from tests.workloads.test_statistics import _multi_reference, _percentile_reference
+from workloads.evaluation.significance import adjust_p_values, paired_test
 
 
 @dataclass
@@ -99,11 +104,6 @@ def test_a_system_of_two_seeds_is_one_row_of_per_query_means():
 
 
 def test_a_sweeps_robustness_rows_are_systems_with_their_seeds():
-    from types import SimpleNamespace
-
-    from orchestrator.report.results import STATUS_OK
-    from orchestrator.report.robustness import sweep_robustness
-
     def cell(loss, seed, run, status=STATUS_OK):
         return SimpleNamespace(axes={"model": "m", "loss": loss, "augmentation": "none", "size": "full", "seed": seed},
                                run=run, status=status)
@@ -122,13 +122,6 @@ def test_a_sweeps_robustness_rows_are_systems_with_their_seeds():
 def test_robustness_table_takes_the_correction_intervals_and_seeds():
     """Holm over the table's perturbed-vs-clean comparisons, the interval of each perturbed-minus-
     clean difference (seed by seed), and each seed's value."""
-    import re
-
-    import numpy as np
-
-    from orchestrator.report.tables import render_csv
-    from tests.workloads.test_statistics import _multi_reference, _percentile_reference
-    from workloads.evaluation.significance import adjust_p_values
 
     plain = robustness_table(_reader(), [("mhl", "mhl"), ("mhl+tml", "tml")], ["typo", "contraction"], "t")
     table = robustness_table(_reader(), [("mhl", "mhl"), ("mhl+tml", "tml")], ["typo", "contraction"], "t",

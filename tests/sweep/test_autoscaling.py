@@ -4,6 +4,7 @@ and removed when idle), as `cluster.yaml`'s autoscaler does with cloud instances
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -11,10 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from tests.helpers import free_port, mlflow_runs, sweep_yaml
+from orchestrator.core import execution
+from orchestrator.sweep import tune
+from orchestrator.sweep.grid import expand_grid, load_sweep
+from tests.helpers import free_port, mlflow_runs, run_cli, sweep_yaml
 from tests.sweep.test_cluster import stop_cluster
+from workloads.core.errors import InputError
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.models.cross_encoder import CrossEncoder, score_pairs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,9 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 def test_trial_capacity_follows_the_autoscalers_limits_not_the_live_nodes(monkeypatch):
     """A head without CPUs and GPU workers scaling from 0: the live cluster holds no trial, the
     autoscaler's limits hold eight (one per g5.xlarge), two per 2-GPU node type."""
-    from orchestrator.core import execution
-    from workloads.spec import TrialSpec
-
     head = {"Alive": True, "Resources": {"CPU": 0.0, "memory": 1e10, "node:__internal_head__": 1.0}}
     monkeypatch.setattr("ray.nodes", lambda: [head])
     monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 0.0})
@@ -119,8 +124,7 @@ def test_a_sweep_scales_the_cluster_up_runs_trials_side_by_side_and_the_nodes_go
         kept = {d.name for d in (tmp_path / "store" / "tiny-autoscaling" / "ray").iterdir() if any(d.glob("epoch-*"))}
         assert kept == winners and len(kept) == 2
         _assert_models_load_from_the_artifact_store(client, uri, cells)
-        status = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(spec), "--json", "--storage",
-                                 str(tmp_path / "store"), "--tracking-uri", uri], capture_output=True, text=True, timeout=300)
+        status = run_cli(tmp_path, "status", str(spec), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri)
         disk = json.loads(status.stdout)
         assert disk["disk_trials"] == 2 and disk["disk_bytes"] == sum(
             f.stat().st_size for name in kept for f in (tmp_path / "store" / "tiny-autoscaling" / "ray" / name).rglob("*")
@@ -139,9 +143,7 @@ def _assert_models_load_from_the_artifact_store(client, uri: str, cells) -> None
     """How a user loads a cell's winner back for inference (docs/cluster.md): the artifact alone,
     scoring exactly as the winner's checkpoint does, with no optimizer state logged."""
     import mlflow
-    import torch
 
-    from workloads.models.cross_encoder import CrossEncoder, score_pairs
 
     for cell in cells:
         winner = client.get_run(cell.data.tags["rerank_lab.winner"])
@@ -214,9 +216,6 @@ def test_a_node_removed_mid_epoch_the_trial_resumes_on_another_from_its_in_epoch
 
 
 def test_doc19_on_cluster_yaml_runs_eight_trials_at_once_though_no_gpu_node_is_up(monkeypatch):
-    from orchestrator.core import execution
-    from orchestrator.sweep.grid import expand_grid, load_sweep
-
     head = {"Alive": True, "Resources": {"memory": 1e10, "node:__internal_head__": 1.0}}
     monkeypatch.setattr("ray.nodes", lambda: [head])
     monkeypatch.setattr("ray.cluster_resources", lambda: {})
@@ -245,10 +244,6 @@ def test_limits_that_cannot_be_read_are_said_and_never_taken_for_the_live_nodes(
     import psutil
     # isort: on
 
-    from orchestrator.core import execution
-    from orchestrator.sweep import runner
-    from orchestrator.sweep.grid import expand_grid, load_sweep
-    from workloads.errors import InputError
 
     monkeypatch.setattr("ray.get_runtime_context", lambda: type("Context", (), {"gcs_address": "10.0.0.1:6379"})())
     cluster_file = tmp_path / "cluster.yaml"
@@ -288,18 +283,18 @@ def test_limits_that_cannot_be_read_are_said_and_never_taken_for_the_live_nodes(
     capacity = execution.trial_capacity(cells[0].spec)
     assert capacity.unreadable == why and capacity.trials == 1  # the live nodes' number, flagged: never run on
     with pytest.raises(InputError) as refused:
-        runner._max_concurrent(sweep, cells)
+        tune._max_concurrent(sweep, cells)
     line = str(refused.value)
     assert "\n" not in line and why in line and "search.max_concurrent_trials" in line and "--max-concurrent" in line
     assert "no GPU" not in line
     capped = sweep.model_copy(update={"search": sweep.search.model_copy(update={"max_concurrent_trials": 6})})
-    assert runner._max_concurrent(capped, cells) == (
+    assert tune._max_concurrent(capped, cells) == (
         6, f"search.max_concurrent_trials; the autoscaler's limits could not be read: {why}")
-    assert runner._max_concurrent(capped, cells, 3) == (3, f"--max-concurrent; the autoscaler's limits could not be read: {why}")
+    assert tune._max_concurrent(capped, cells, 3) == (3, f"--max-concurrent; the autoscaler's limits could not be read: {why}")
     # the limits read: the flag still wins, with nothing to say about them
     monkeypatch.setattr(execution, "_autoscaling_config", lambda: yaml.safe_load((REPO / "cluster.yaml").read_text()))
-    assert runner._max_concurrent(capped, cells, 3) == (3, "--max-concurrent")
-    assert runner._max_concurrent(sweep, cells) == (8, "the autoscaler's limits: 8 x gpu_worker")
+    assert tune._max_concurrent(capped, cells, 3) == (3, "--max-concurrent")
+    assert tune._max_concurrent(sweep, cells) == (8, "the autoscaler's limits: 8 x gpu_worker")
 
 
 @pytest.mark.slow
@@ -308,8 +303,6 @@ def test_a_head_whose_autoscaler_is_out_of_reach_asks_for_a_setting_then_runs_at
     """KubeRay's head as the driver sees it: `ray start --head --no-monitor` (the autoscaler runs
     elsewhere). Without a setting the sweep refuses in one line before anything is written;
     with --max-concurrent 2 it runs two trials at a time and says the limits were not read."""
-    import pickle
-
     port = free_port()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # loopback only (see test_cluster.two_node_cluster)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -321,8 +314,7 @@ def test_a_head_whose_autoscaler_is_out_of_reach_asks_for_a_setting_then_runs_at
         spec = sweep_yaml(tmp_path / "unread.yaml", tiny_model_dir, "tiny-unread", [{"ranking": "pointwise", "contrastive": "scl"}])
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         common = ["--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "store"), "--tracking-uri", uri]
-        refused = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), *common],
-                                 capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        refused = run_cli(tmp_path, "sweep", str(spec), *common)
         assert refused.returncode == 2, refused.stderr[-3000:]
         said = [line for line in refused.stderr.splitlines() if "could not be read" in line]
         assert len(said) == 1 and "no autoscaler process" in said[0] and "--max-concurrent" in said[0], refused.stderr[-3000:]

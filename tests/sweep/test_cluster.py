@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
-from tests.helpers import free_port
+from tests.helpers import free_port, mlflow_runs, sweep_yaml
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
@@ -49,7 +50,6 @@ def test_the_local_autoscaling_cluster_file_validates_too():
 
 
 def test_cluster_yaml_with_a_typo_is_rejected():
-    import jsonschema
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     config = yaml.safe_load((REPO / "cluster.yaml").read_text())
@@ -116,7 +116,6 @@ def test_tiny_sweep_on_a_two_node_cluster(two_node_cluster, tmp_path, tiny_model
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
     finally:
         ray.shutdown()
-    from tests.helpers import mlflow_runs, sweep_yaml
 
     spec = sweep_yaml(tmp_path / "cluster.yaml", tiny_model_dir, "tiny-cluster", [{"ranking": "pointwise", "contrastive": "scl"}])
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -4,9 +4,17 @@ and bad profiles as one line."""
 import pytest
 import yaml
 
-from orchestrator.sweep.estimate import choose_profile, estimate, load_throughputs, model_shape
+from orchestrator.sweep.estimate import (
+    THROUGHPUTS,
+    _flops_per_token,
+    choose_profile,
+    estimate,
+    judged_queries,
+    load_throughputs,
+    model_shape,
+)
 from orchestrator.sweep.grid import SweepSpec
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 
 
 def _sweep(model: str, augmentation: str = "none", zero_shot=()) -> SweepSpec:
@@ -89,8 +97,6 @@ def test_attention_matrix_products_are_counted_and_the_h100_profile_is_the_measu
     """BERT-base at 512 tokens against a BERT-base profile measured at 256: by hand, per token
     12 x (4·768² + 2·768·3072 + 2·T·768) multiply-adds, 94,371,840 at 512 and 89,653,248 at 256
     (attention's share at 512: 786,432 / 7,077,888 = +11.1%)."""
-    from orchestrator.sweep.estimate import THROUGHPUTS, _flops_per_token
-
     assert _flops_per_token((12, 768, 3072), 512) == 94_371_840 and _flops_per_token((12, 768, 3072), 256) == 89_653_248
     assert _flops_per_token((12, 768, 3072), 512) / (12 * (4 * 768**2 + 2 * 768 * 3072)) == pytest.approx(1.1111, abs=1e-4)
     profile_file = tmp_path / "profile.yaml"
@@ -166,8 +172,6 @@ def test_an_ear_cell_counts_the_winners_keep_step_by_hand(tmp_path, scifact_dir)
     searched n (10) expansions each, 2 epochs, 2 trials. Training 759 x 10 x 2, validation
     50 x 10 x 2 per trial; the winner's test (300 x 10) and its keep step: every query's
     expansions scored once more, (759 + 50 + 300) x 10, so (759 + 50 + 2 x 300) x 10 = 14,090."""
-    from orchestrator.sweep.estimate import judged_queries
-
     assert (judged_queries("beir/scifact", "train"), judged_queries("beir/scifact", "test")) == (809, 300)
     sweep = SweepSpec.model_validate({
         "name": "e", "base": {"kind": "ear", "data": {"collection": "beir/scifact", "validation_queries": 50},

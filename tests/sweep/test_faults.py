@@ -7,7 +7,7 @@ import pytest
 from ray.exceptions import OutOfMemoryError
 from ray.train import WorkerGroupError
 
-from orchestrator.sweep.runner import _is_out_of_memory
+from orchestrator.sweep.tune import _is_out_of_memory
 from workloads.training import StepOutOfMemoryError
 
 # The raylet's words when its memory monitor kills a worker (Ray 2.60's format strings, filled in)

@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from orchestrator.core import schema
-from orchestrator.sweep.grid import SweepSpec, expand_grid, load_sweep
-from workloads.errors import InputError
+from orchestrator.sweep.grid import SweepSpec, apply_params, expand_grid, load_sweep
+from workloads.core.errors import InputError
+from workloads.kinds.ear.spec import EarTrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,8 +119,6 @@ def test_doc19_searches_k_a_from_one():
 
 
 def test_a_loss_and_augmentation_equal_to_the_baseline_make_one_cell_not_two():
-    from orchestrator.sweep.grid import SweepSpec, expand_grid
-
     sweep = SweepSpec.model_validate({
         "name": "same", "base": {"data": {"collection": "beir/scifact"}},
         "grid": {"models": ["m"], "losses": [{"ranking": "pointwise"}, {"ranking": "pointwise", "contrastive": "scl"}],
@@ -142,9 +141,6 @@ def _ear_sweep(search=None, **changes) -> dict:
 
 
 def test_an_ear_grid_is_a_cell_per_model_reranker_and_seed_each_an_ear_trial():
-    from orchestrator.sweep.grid import apply_params
-    from workloads.expansion.kind import EarTrialSpec
-
     sweep = SweepSpec.model_validate(_ear_sweep({"trials_per_cell": 2, "alpha": {"low": 0.01, "high": 0.2},
                                                  "n": {"choices": [10, 20]}}))
     cells = expand_grid(sweep)

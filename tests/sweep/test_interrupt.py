@@ -10,7 +10,7 @@ import optuna
 import pytest
 import yaml
 
-from tests.helpers import by_kind, mlflow_runs, orchestrate, sweep_yaml
+from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli, sweep_yaml
 
 pytestmark = pytest.mark.slow  # real sweeps: Ray Tune, Ray Train, MLflow
 
@@ -52,7 +52,7 @@ def test_ctrl_c_mid_search_keeps_what_ended_and_a_rerun_finishes_with_the_right_
     assert sum(t.info.status == "FINISHED" for t in trials) >= 1
     stopped = [t for t in trials if t.info.status == "KILLED"]
     assert stopped and all(t.data.tags.get("rerank_lab.interrupted") == "true" for t in stopped)
-    status = json.loads(orchestrate(tmp_path, "status", str(spec), "--json", *common).stdout)
+    status = json.loads(run_cli(tmp_path, "status", str(spec), "--json", *common).stdout)
     assert all(status[k] >= 0 for k in status if k.startswith("cells_"))
     assert status["cells_done"] == 0 and status["trials_interrupted"] == len(stopped)
     assert sum(status[k] for k in ("cells_done", "cells_failed", "cells_stale", "cells_interrupted", "cells_running",
@@ -75,12 +75,12 @@ def test_ctrl_c_mid_search_keeps_what_ended_and_a_rerun_finishes_with_the_right_
     keys = [r.data.tags["rerank_lab.trial_key"] for r in by_kind(runs, "trial")]
     assert len(keys) == len(set(keys)) == 2 * len(by_kind(runs, "cell"))  # no duplicate trial runs
 
-    listed = json.loads(orchestrate(tmp_path, "runs", str(spec), "--json", "--tracking-uri", uri).stdout)
+    listed = json.loads(run_cli(tmp_path, "runs", str(spec), "--json", "--tracking-uri", uri).stdout)
     assert {r["run_id"] for r in listed["runs"]} == {r.info.run_id for r in runs}  # the ids compare takes
-    reset = orchestrate(tmp_path, "reset", str(spec), "--yes", *common)
+    reset = run_cli(tmp_path, "reset", str(spec), "--yes", *common)
     assert reset.returncode == 0, reset.stderr[-2000:]
     assert not (tmp_path / "store" / "tiny-ctrl-c" / "optuna.db").exists()
-    gone = orchestrate(tmp_path, "status", str(spec), *common)
+    gone = run_cli(tmp_path, "status", str(spec), *common)
     assert gone.returncode == 2 and "no trace of sweep 'tiny-ctrl-c'" in gone.stderr
 
 
@@ -93,7 +93,7 @@ def test_two_sweep_files_of_one_name_and_two_runs_of_one_sweep_refuse(tmp_path, 
     common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
     first = orchestrate(tmp_path, "sweep", str(spec), *common, background=True)
     _wait_for(tmp_path / "background.err", "trial(s) to run", first)
-    second = orchestrate(tmp_path, "sweep", str(spec), *common)  # the same sweep, while the first runs
+    second = run_cli(tmp_path, "sweep", str(spec), *common)  # the same sweep, while the first runs
     assert second.returncode == 2 and "the sweep is already running (pid" in second.stderr, second.stderr[-2000:]
     assert len(second.stderr.strip().splitlines()) == 1
     first.wait(timeout=900)
@@ -106,11 +106,11 @@ def test_two_sweep_files_of_one_name_and_two_runs_of_one_sweep_refuse(tmp_path, 
     config["grid"]["sizes"] = [40]  # another sweep file, the same name
     other.write_text(yaml.safe_dump(config))
     for command in ("sweep", "status", "report"):
-        proc = orchestrate(tmp_path, command, str(other), *common)
+        proc = run_cli(tmp_path, command, str(other), *common)
         assert proc.returncode == 2 and "sweep name 'tiny-one' is already used" in proc.stderr, (command, proc.stderr[-2000:])
         assert str(spec.resolve()) in proc.stderr
     # a report of the right file reads, and writes nothing to MLflow unless asked (--log)
-    proc = orchestrate(tmp_path, "report", str(spec), *common, "--no-plots", "--out", str(tmp_path / "elsewhere-reports"))
+    proc = run_cli(tmp_path, "report", str(spec), *common, "--no-plots", "--out", str(tmp_path / "elsewhere-reports"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     _, after = mlflow_runs(uri, "tiny-one")
     assert {r.info.run_id: r.data.tags.get("mlflow.note.content") for r in after} == report_before
@@ -139,9 +139,9 @@ def test_results_are_not_reused_when_their_data_changed(tmp_path, tiny_model_dir
     tested_on = {c.data.tags["rerank_lab.cell"]: c.data.metrics["test_ndcg_at_10"] for c in by_kind(runs, "cell")}
 
     (held_out / "qrels" / "test.tsv").write_text("\n".join(lines[:5]) + "\n")  # 4 judgements left
-    status = json.loads(orchestrate(tmp_path, "status", str(spec), "--json", *common).stdout)
+    status = json.loads(run_cli(tmp_path, "status", str(spec), "--json", *common).stdout)
     assert status["cells_stale"] == len(tested_on) and status["cells_done"] == 0
-    report = orchestrate(tmp_path, "report", str(spec), *common, "--no-plots", "--format", "csv", "--out",
+    report = run_cli(tmp_path, "report", str(spec), *common, "--no-plots", "--format", "csv", "--out",
                          str(tmp_path / "reports"))
     assert report.returncode == 0 and "stale" in report.stdout and not any(
         f"{value!r}" in report.stdout for value in tested_on.values())

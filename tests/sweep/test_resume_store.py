@@ -7,8 +7,18 @@ import pytest
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from orchestrator.sweep.runner import _cell_runs, migrate_trial_axes, reconcile_trial_runs
-from orchestrator.sweep.search import COUNTED, FAILURE, TRAIN_RUN, CellStudiesSearcher
+from orchestrator.sweep.runner import _cell_runs, migrate_trial_axes
+from orchestrator.sweep.search import (
+    COUNTED,
+    FAILURE,
+    PRUNED_AT,
+    TRAIN_RUN,
+    CellStudiesSearcher,
+    finished_trials,
+    requeue_interrupted,
+    stop_file,
+)
+from orchestrator.sweep.tune import reconcile_trial_runs
 
 SWEEP = {
     "name": "resume",
@@ -70,8 +80,6 @@ def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
     stop file appears; the training loop honours it, see test_training_objective), reports
     where it stopped, is recorded PRUNED, counts as done, is not re-asked by a resumed
     searcher, and its MLflow run (left open by a killed driver) is closed as KILLED."""
-    from orchestrator.sweep.search import PRUNED_AT, finished_trials, requeue_interrupted, stop_file
-
     spec = {**SWEEP, "base": {**SWEEP["base"], "optimization": {"epochs": 3}},
             "search": {"trials_per_cell": 4, "pruner": "median", "pruner_startup_trials": 1}}
     sweep = SweepSpec.model_validate(spec)

@@ -1,9 +1,12 @@
 """Per-cell searches across restarts: a resumed study samples anew, and no cell draws a parameter set twice."""
 
+import pickle
+from concurrent.futures import Future
+
 import optuna
 
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from orchestrator.sweep.search import COUNTED, CellStudiesSearcher, open_study, sample
+from orchestrator.sweep.search import COUNTED, TRAIN_RUN, CellStudiesSearcher, open_study, requeue_interrupted, sample
 
 SWEEP = {"name": "s", "base": {"data": {"collection": "beir/scifact"}},
          "grid": {"models": ["m"], "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
@@ -59,8 +62,6 @@ def test_the_searcher_never_hands_out_a_parameter_set_the_cell_tried(tmp_path):
 
 
 def test_an_interrupted_trial_is_asked_again_with_its_parameters(tmp_path):
-    from orchestrator.sweep.search import TRAIN_RUN, requeue_interrupted
-
     sweep, cell = _cell()
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     searcher = CellStudiesSearcher([cell], sweep.search, url)
@@ -75,9 +76,6 @@ def test_an_interrupted_trial_is_asked_again_with_its_parameters(tmp_path):
 def test_a_cell_waits_only_for_its_own_requirement(tmp_path):
     """A gated cell (its selector training) is not served while its gate is pending; the other cell
     is; the searcher is not finished while a gate is pending, and a failed gate ends its cell unserved."""
-    import pickle
-    from concurrent.futures import Future
-
     sweep = SweepSpec.model_validate({**SWEEP, "search": {**SWEEP["search"], "trials_per_cell": 1},
                                       "grid": {**SWEEP["grid"], "augmentations": [{"method": "bm25"}, {"method": "random"}]}})
     free, gated = [c for c in expand_grid(sweep) if not c.is_baseline][:2]

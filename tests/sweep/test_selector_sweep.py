@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from tests.helpers import by_kind, mlflow_runs, orchestrate, sweep_yaml
+from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli, sweep_yaml
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
@@ -26,7 +26,7 @@ def test_shared_selector_trained_once_and_resumed_after_sigkill(tmp_path, tiny_m
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
 
-    plan = json.loads(orchestrate(tmp_path, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
+    plan = json.loads(run_cli(tmp_path, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
     assert plan["unavailable_cells"] == 0 and plan["selectors_to_train"] == 1
     assert plan["selectors"][0]["cells"] == 2  # scl and ctriplet share it
     assert plan["mlflow_runs_planned"] == 1 + 3 + 6 + 1
@@ -59,7 +59,7 @@ def test_shared_selector_trained_once_and_resumed_after_sigkill(tmp_path, tiny_m
     assert all(r.info.status == "FINISHED" for r in runs)
     installed = selector.data.tags["best_checkpoint"]  # the trained selector, in the shared cache
     assert os.path.basename(installed).startswith("linear-") and os.path.exists(os.path.join(installed, "selector_result.json"))
-    report = orchestrate(tmp_path, "report", str(spec), "--tracking-uri", uri, "--out", str(tmp_path / "reports"))
+    report = run_cli(tmp_path, "report", str(spec), "--tracking-uri", uri, "--out", str(tmp_path / "reports"))
     assert report.returncode == 0, report.stderr[-2000:]
     row = next(line for line in report.stdout.splitlines() if line.startswith(f"| {selector.info.run_name} |"))
     assert f"{selector.data.metrics['test_ndcg_at_10']:.4f}" in row and "FINISHED" in row

@@ -1,23 +1,23 @@
 """SIR in sweep grids: V0 is the baseline cell, each curriculum a column of the loss axis."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import optuna
 import pytest
+import yaml
 
 from orchestrator.core import schema
 from orchestrator.sweep.grid import SweepSpec, expand_grid
+from orchestrator.sweep.search import apply_params, sample
+from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sir_doc19_dry_run_lists_v0_and_the_variants_per_model():
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "sir-doc19.yaml"),
-                           "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True,
-                          cwd=REPO, env=dict(os.environ))
+    proc = run_cli(REPO, "sweep", str(REPO / "search_spaces" / "sir-doc19.yaml"), "--dry-run", "--json", "--storage",
+                   "/tmp/rerank-lab-dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     # 2 models x (V0 baseline + v1/v2: 5 columns + v3/v4 x top/random x 3/4 levels) = 28 cells, 3 trials each
@@ -56,9 +56,6 @@ def test_v0_in_the_losses_and_grid_owned_training_data_are_refused():
 
 
 def test_k_per_level_is_searched_among_schedules_of_the_cells_depth():
-    import optuna
-
-    from orchestrator.sweep.search import apply_params, sample
 
     sweep = _sweep(baseline_ranking="sir", losses=[{"ranking": "sir", "sir": {"variant": "v2", "levels": [4, 2]}},
                                                    {"ranking": "sir", "sir": {"variant": "v3", "levels": [6, 4, 2]}}])
@@ -80,9 +77,6 @@ def test_k_per_level_is_searched_among_schedules_of_the_cells_depth():
 
 @pytest.mark.slow  # a real sweep: Ray Tune, Ray Train, MLflow (about two minutes)
 def test_a_tiny_sir_grid_runs_v0_and_a_curriculum_to_the_end(tmp_path, tiny_model_dir, scifact_dir):
-    import yaml
-
-    from tests.helpers import by_kind, mlflow_runs, orchestrate
 
     config = {"name": "tiny-sir",
               "base": {"data": {"collection": "beir/scifact", "validation_queries": 5},

@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import by_kind, mlflow_runs, orchestrate
+from orchestrator.core.tracking import Tracker
+from orchestrator.sweep.grid import expand_grid, load_sweep
+from orchestrator.sweep.runner import _cell_runs
+from orchestrator.sweep.store import MARKER, bind_store, sweep_lock, sweep_paths
+from tests.helpers import by_kind, mlflow_runs, run_cli
 from workloads.evaluation import Evaluation
 
 SWEEP = {
@@ -48,10 +52,6 @@ def sweep_file(folder: Path) -> Path:
 def write_store(project: Path, finished: bool = True) -> Path:
     """A project folder as `orchestrate sweep demo.yaml` leaves it (defaults: ./.orchestrate/mlflow.db,
     its mlartifacts, ./.orchestrate/sweeps/demo), each cell tested on constructed per-query values."""
-    from orchestrator.core.tracking import Tracker
-    from orchestrator.sweep.grid import expand_grid, load_sweep
-    from orchestrator.sweep.runner import _cell_runs, bind_store, sweep_lock, sweep_paths
-
     sweep = load_sweep(sweep_file(project))
     paths = sweep_paths(sweep, project / ".orchestrate" / "sweeps")
     tracker = Tracker(f"sqlite:///{project / '.orchestrate' / 'mlflow.db'}")
@@ -86,21 +86,19 @@ def test_reset_refuses_a_users_folder_of_the_sweeps_name_and_removes_nothing(tmp
     (tmp_path / "demo" / "notes.txt").write_text("mine")
     before = files_under(tmp_path)
     for storage, folder, entry in (("st", tmp_path / "st" / "demo", "thesis"), (".", tmp_path / "demo", "notes.txt")):
-        proc = orchestrate(tmp_path, "reset", str(config), "--yes", "--storage", storage)
+        proc = run_cli(tmp_path, "reset", str(config), "--yes", "--storage", storage)
         one_line(proc, str(folder), "not a store of sweep 'demo'", entry, "nothing removed")
     # nor does a sweep write into it (before anything is written, the MLflow store included)
-    one_line(orchestrate(tmp_path, "sweep", str(config), "--storage", "st"), str(tmp_path / "st" / "demo"), "not a store")
+    one_line(run_cli(tmp_path, "sweep", str(config), "--storage", "st"), str(tmp_path / "st" / "demo"), "not a store")
     assert files_under(tmp_path) == before and not (tmp_path / ".orchestrate").exists()
 
 
 def test_reset_removes_a_store_it_wrote_and_one_written_before_the_marker(tmp_path):
-    from orchestrator.sweep.store import MARKER
-
     root = write_store(tmp_path)
     (root / "ray" / "demo").mkdir(parents=True)
     (root / "ray" / "demo" / "checkpoint.pt").write_bytes(b"x")
     (root / "notes.md").write_text("mine")  # put into the marked store by its user: never ours to remove
-    proc = orchestrate(tmp_path, "reset", "demo.yaml", "--yes")
+    proc = run_cli(tmp_path, "reset", "demo.yaml", "--yes")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"removed {root}" in proc.stdout and "MLflow experiment 'demo'" in proc.stdout and "left" in proc.stdout
     assert (root / "notes.md").read_text() == "mine"
@@ -110,14 +108,14 @@ def test_reset_removes_a_store_it_wrote_and_one_written_before_the_marker(tmp_pa
     (root / MARKER).unlink()
     (root / "sweep.json").write_text(json.dumps({"name": "demo", "file": str(tmp_path / "demo.yaml")}))
     (root / "optuna.db").write_bytes(b"")
-    proc = orchestrate(tmp_path, "reset", "demo.yaml", "--yes")
+    proc = run_cli(tmp_path, "reset", "demo.yaml", "--yes")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (root / "optuna.db").exists() and not (root / "sweep.json").exists()
     # the same with a file of the user's beside them is not such a store: refused, all kept
     (root / "sweep.json").write_text(json.dumps({"name": "demo", "file": str(tmp_path / "demo.yaml")}))
     (root / MARKER).unlink()
     (root / "draft.md").write_text("mine")
-    one_line(orchestrate(tmp_path, "reset", "demo.yaml", "--yes"), "draft.md", "nothing removed")
+    one_line(run_cli(tmp_path, "reset", "demo.yaml", "--yes"), "draft.md", "nothing removed")
     assert (root / "draft.md").read_text() == "mine" and (root / "sweep.json").exists()
 
 
@@ -125,7 +123,7 @@ def test_reset_removes_a_store_it_wrote_and_one_written_before_the_marker(tmp_pa
 
 
 def _report(project: Path, out: Path):
-    proc = orchestrate(project, "report", "demo.yaml", "--out", str(out))
+    proc = run_cli(project, "report", "demo.yaml", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.replace(str(out), "OUT"), sorted(p.name for p in (out / "demo").glob("*.png"))
 
@@ -146,10 +144,10 @@ def test_a_moved_store_reports_what_it_did_in_place(in_place, tmp_path):
     write_store(tmp_path / "exp")  # the same values as in place
     shutil.move(tmp_path / "exp", tmp_path / "moved")
     assert _report(tmp_path / "moved", tmp_path / "out") == (table, figures)
-    status = orchestrate(tmp_path / "moved", "status", "demo.yaml")
+    status = run_cli(tmp_path / "moved", "status", "demo.yaml")
     assert status.returncode == 0 and "cells done 2," in status.stdout, status.stderr[-3000:]
     # writing to the moved store (the report logged to its sweep run) writes where it is now
-    logged = orchestrate(tmp_path / "moved", "report", "demo.yaml", "--no-plots", "--log", "--out", str(tmp_path / "o"))
+    logged = run_cli(tmp_path / "moved", "report", "demo.yaml", "--no-plots", "--log", "--out", str(tmp_path / "o"))
     assert logged.returncode == 0, logged.stderr[-3000:]
     assert not (tmp_path / "exp").exists()
     assert list((tmp_path / "moved" / ".orchestrate" / "mlartifacts").rglob("report/table-ndcg_at_10-scifact.md"))
@@ -167,20 +165,20 @@ def test_a_copied_project_reads_its_own_store(in_place, tmp_path):
         assert _report(copy, tmp_path / "out") == (table, figures)
         _, runs = mlflow_runs(f"sqlite:///{copy / '.orchestrate' / 'mlflow.db'}", "demo")
         cells = sorted(r.info.run_id for r in by_kind(runs, "cell"))
-        compared = orchestrate(copy, "compare", *cells, "--json")
+        compared = run_cli(copy, "compare", *cells, "--json")
         assert compared.returncode == 0 and json.loads(compared.stdout)["queries"] == len(QUERIES), compared.stderr[-3000:]
         # the copy written to (the report logged to its sweep run): into the copy, never the original
-        logged = orchestrate(copy, "report", "demo.yaml", "--no-plots", "--log", "--out", str(tmp_path / "o"))
+        logged = run_cli(copy, "report", "demo.yaml", "--no-plots", "--log", "--out", str(tmp_path / "o"))
         assert logged.returncode == 0, logged.stderr[-3000:]
         assert not (project / ".orchestrate" / "mlartifacts").exists()
         assert list((copy / ".orchestrate" / "mlartifacts").rglob("report/table-ndcg_at_10-scifact.md"))
         # a record written before stores recorded where they were: the original file, the same bytes, is this sweep
         record = copy / ".orchestrate" / "sweeps" / "demo" / "sweep.json"
         record.write_text(json.dumps({key: value for key, value in json.loads(record.read_text()).items() if key != "store"}))
-        status = orchestrate(copy, "status", "demo.yaml")
+        status = run_cli(copy, "status", "demo.yaml")
         assert status.returncode == 0 and "cells done 2," in status.stdout, status.stderr[-3000:]
         (copy / "demo.yaml").write_text((copy / "demo.yaml").read_text() + "# edited\n")  # another file now
-        assert "sweep name 'demo' is already used" in orchestrate(copy, "status", "demo.yaml").stderr
+        assert "sweep name 'demo' is already used" in run_cli(copy, "status", "demo.yaml").stderr
     finally:
         hidden.rename(project / ".orchestrate" / "mlartifacts")
 
@@ -192,5 +190,5 @@ def test_a_database_moved_without_its_artifacts_is_one_line(tmp_path):
     shutil.move(tmp_path / "exp" / "demo.yaml", tmp_path / "moved" / "demo.yaml")
     shutil.move(tmp_path / "moved" / ".orchestrate" / "mlartifacts", tmp_path / "elsewhere")
     shutil.rmtree(tmp_path / "exp")
-    one_line(orchestrate(tmp_path / "moved", "report", "demo.yaml", "--no-plots", "--quiet", "--out", str(tmp_path / "o")),
+    one_line(run_cli(tmp_path / "moved", "report", "demo.yaml", "--no-plots", "--quiet", "--out", str(tmp_path / "o")),
              "this MLflow store was moved from", str(tmp_path / "exp"), "copy the mlartifacts folder")

@@ -2,18 +2,42 @@
 run counts, retries then failure of a raising trial, status, idempotent reruns, resume
 after SIGKILL, and the doc19 dry run."""
 
+import ast
+import csv
+import io
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 
+import optuna
 import pytest
 
-from tests.helpers import HELD_OUT_QUERIES, by_kind, mlflow_runs, orchestrate, sweep_yaml
+from orchestrator.cli.ui import experiment_links
+from orchestrator.core.tracking import Tracker
+from orchestrator.sweep.grid import expand_grid, load_sweep
+from tests.helpers import (
+    FAIL_CELLS_ENV,
+    HELD_OUT_QUERIES,
+    by_kind,
+    chromium_driver,
+    free_port,
+    mlflow_runs,
+    orchestrate,
+    run_cli,
+    serve_ui,
+    sweep_yaml,
+)
+from workloads.core.errors import InputError
+from workloads.data.resolve import resolve_collection
+from workloads.evaluation import evaluate
+from workloads.retrieval.bm25 import retrieve
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
@@ -54,9 +78,6 @@ def test_exact_runs_tags_and_metrics(failing_sweep):
     winners = [c for c in cells if c.info.status == "FINISHED"]
     assert len(winners) == 2
     # the winners are tested on data.test_collection (the held-out copy), not on the training collection
-    from workloads.data.collections import resolve_collection
-    from workloads.evaluation import evaluate
-    from workloads.retrieval.bm25 import retrieve
 
     held_out = resolve_collection(str(work / "scifact-heldout"))
     bm25_run, _ = retrieve(held_out, held_out.split_queries("test"), k=1000)
@@ -144,8 +165,6 @@ def test_trials_reuse_tune_processes(failing_sweep):
     cached process and end it, so counting the finished trials' pids is not a stable check
     (it saw 4 pids for 4 finished trials once in CI); benchmarks/tune_processes.py measures
     the reuse (6 trials in 2 processes)."""
-    import pickle
-
     work, *_ = failing_sweep
     runs = list((work / "store" / "tiny-fail" / "ray").glob("tune-*/tuner.pkl"))
     assert runs
@@ -167,7 +186,7 @@ def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_s
     assert all(r.data.tags["failure"] == "error" for r in failed)
     failed_cell = [r for r in by_kind(runs, "cell") if r.info.status == "FAILED"]
     assert [r.data.tags["rerank_lab.cell"] for r in failed_cell] == [failing]
-    status = orchestrate(work, "status", str(spec), "--json", *common)
+    status = run_cli(work, "status", str(spec), "--json", *common)
     data = json.loads(status.stdout)
     assert (data["cells_done"], data["cells_failed"], data["trials_finished"], data["trials_failed"]) == (2, 1, 4, 2)
     assert len(data["failed_trials"]) == 2 and data["best"] is not None
@@ -175,7 +194,7 @@ def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_s
 
 def test_rerun_of_a_finished_sweep_creates_nothing(failing_sweep):
     work, spec, uri, common, failing, plan, report = failing_sweep
-    again = orchestrate(work, "sweep", str(spec), "--json", *common, fail_cells=(failing,))
+    again = run_cli(work, "sweep", str(spec), "--json", *common, env={FAIL_CELLS_ENV: failing})
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["trials_to_run"] == 0
     _, runs = mlflow_runs(uri, "tiny-fail")
@@ -216,7 +235,6 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tin
         history = client.get_metric_history(trial.info.run_id, "epoch_train_seconds")
         if trial.data.tags["rerank_lab.trial_key"] in done_keys:  # finished before the kill: not retrained
             assert sorted(m.step for m in history) == [1, 2]
-    import optuna
 
     for cell in cells:
         study = optuna.load_study(study_name=cell.data.tags["rerank_lab.cell"],
@@ -225,9 +243,7 @@ def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tin
 
 
 def test_doc19_dry_run_counts():
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
-                           "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True,
-                          cwd=REPO, env=dict(os.environ))
+    proc = run_cli(REPO, "sweep", str(REPO / "search_spaces" / "doc19.yaml"), "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     # 3 models x 5 sizes x (1 baseline + 4 losses x 4 augmentations) = 255 cells, x 4 trials = 1,020 trial runs
@@ -238,8 +254,7 @@ def test_doc19_dry_run_counts():
     assert len(selectors) == 2 * 3 * 5 and len({s["key"] for s in selectors}) == 30
     assert {(s["method"], s["cells"], s["data"], s["k"]) for s in selectors} == {("linear", 4, "cell", 20), ("attention", 4, "cell", 20)}
     assert plan["mlflow_runs_planned"] == 1 + 255 + 1020 + 30
-    human = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(REPO / "search_spaces" / "doc19.yaml"),
-                            "--dry-run", "--storage", "/tmp/rerank-lab-dry-run"], capture_output=True, text=True, cwd=REPO)
+    human = run_cli(REPO, "sweep", str(REPO / "search_spaces" / "doc19.yaml"), "--dry-run", "--storage", "/tmp/rerank-lab-dry-run")
     assert "255 cells" in human.stdout and "1020 trial runs" in human.stdout
     assert "selectors: 30" in human.stdout and "selector-attention-" in human.stdout
     # the compute estimate: use_gpu: true -> the A10G profile, every target's size known (TREC-DL 2019 + six zero-shot)
@@ -257,8 +272,6 @@ def test_doc19_dry_run_counts():
 
 
 def test_demo_sweep_loads():
-    from orchestrator.sweep.grid import expand_grid, load_sweep
-
     cells = expand_grid(load_sweep(REPO / "search_spaces" / "demo.yaml"))
     assert len(cells) == 10 and all(c.spec is not None for c in cells)
 
@@ -266,10 +279,8 @@ def test_demo_sweep_loads():
 def test_report_of_the_finished_sweep(failing_sweep):
     """The report on a real sweep: per-query artifacts as the sweep wrote them, the failed cell shown as failed."""
     work, spec, uri, common, failing, plan, report = failing_sweep
-    proc = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--format", "csv")
+    proc = run_cli(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--format", "csv")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import csv
-    import io
 
     rows = {r["column"]: r for r in csv.DictReader(io.StringIO(proc.stdout))}
     _, runs = mlflow_runs(uri, "tiny-fail")
@@ -283,9 +294,11 @@ def test_report_of_the_finished_sweep(failing_sweep):
     assert logged["test_ndcg_at_10_seeds"] == 1 and logged["test_ndcg_at_10_seed_mean"] == pytest.approx(scl)
     assert logged["test_ndcg_at_10_difference"] == pytest.approx(scl - baseline, abs=1e-12)
     assert logged["test_ndcg_at_10_ci_low"] <= scl - baseline + 1e-12 <= logged["test_ndcg_at_10_ci_high"] + 2e-12
+    # and, once finished, its default report on the sweep run (the command's on_finished: the sweep imports no report)
+    assert "| BM25 (first stage) |" in by_kind(runs, "sweep")[0].data.tags["mlflow.note.content"]
     assert rows["bm25 / pointwise+ctriplet"]["status"] == "failed" and rows["bm25 / pointwise+ctriplet"]["value"] == ""
     assert len(list((work / "reports" / "tiny-fail").glob("*.png"))) == 2
-    markdown = orchestrate(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--no-plots")
+    markdown = run_cli(work, "report", str(spec), "--tracking-uri", uri, "--out", str(work / "reports"), "--no-plots")
     assert "nDCG@10 on scifact-heldout" in markdown.stdout  # labelled with the collection it was measured on
 
 
@@ -303,7 +316,6 @@ def test_cells_and_trials_share_short_params_the_ui_can_compare(failing_sweep):
         if winner is None:  # the failing cell: no winner, its axes only
             assert "learning_rate" not in cell.data.params
             continue
-        import ast
 
         searched = ast.literal_eval(cell.data.tags["winner_params"])  # the winner's Optuna params
         assert "learning_rate" in searched and ("k" in searched) == (cell.data.tags["augmentation"] != "none")
@@ -318,12 +330,6 @@ def test_cells_and_trials_share_short_params_the_ui_can_compare(failing_sweep):
 
 
 def test_ui_links_land_on_the_sweep_and_compare_its_cells(failing_sweep):
-    import urllib.parse
-
-    from orchestrator.cli.ui import experiment_links
-    from orchestrator.core.tracking import Tracker
-    from workloads.errors import InputError
-
     work, spec, uri, common, failing, plan, report = failing_sweep
     client, runs = mlflow_runs(uri, "tiny-fail")
     tracker = Tracker(uri)
@@ -344,8 +350,6 @@ def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
     lists the sweep run; the cells' list shows every cell run (the failed one too) and nothing
     else; the cells' comparison lists the grid axes and the searched hyper-parameters as
     parameters and plots a test measure; the screenshots stay in the test's temporary directory."""
-    from tests.helpers import chromium_driver, free_port, serve_ui
-
     work, spec, uri, *_ = failing_sweep
     _, runs = mlflow_runs(uri, "tiny-fail")
     names = {r.info.run_name for r in runs}
@@ -383,8 +387,6 @@ def test_the_ui_compares_the_cells_in_a_browser(failing_sweep, tmp_path):
 
 def wait_for_rows(driver, names: set[str], expected: set[str], timeout: float = 90) -> None:
     """Until the run table lists exactly the runs ``expected`` of the experiment's run ``names``."""
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         rows = driver.execute_script("return Array.from(document.querySelectorAll('[role=row]')).map(e => e.innerText)")
@@ -398,8 +400,6 @@ def wait_for_rows(driver, names: set[str], expected: set[str], timeout: float = 
 
 def wait_for_text(driver, text: str, selector: str, timeout: float = 60) -> list[str]:
     """The texts of the elements matching ``selector`` once one of them is ``text``."""
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         found = driver.execute_script("return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent)",

@@ -1,16 +1,19 @@
 """Every evaluation target of a sweep is held out from its training and validation queries, checked
 before anything is prepared: by configuration when the file loads, by the queries in --dry-run."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from orchestrator.core.config import load_trials, read_yaml
+from orchestrator.lifecycle.targets import target_overlap, targets
 from orchestrator.sweep.grid import check_targets, expand_grid, load_sweep
-from workloads.errors import InputError
+from tests.helpers import run_cli
+from workloads.core.errors import InputError
+from workloads.data.resolve import resolve_collection
+from workloads.kinds.ear.spec import EarTrialSpec, is_ear_file
+from workloads.kinds.rerank.spec import TrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "search_spaces").glob("*.yaml"))  # sweeps at the top, trial files in trials/
@@ -31,12 +34,6 @@ def test_every_shipped_sweep_tests_on_held_out_queries(path):
 
 @pytest.mark.parametrize("path", TRIAL_FILES, ids=lambda p: p.stem)
 def test_every_shipped_trial_file_tests_on_held_out_queries(path):
-    from orchestrator.core.config import load_trials, read_yaml
-    from orchestrator.core.lifecycle import target_overlap, targets
-    from workloads.data.collections import resolve_collection
-    from workloads.expansion.kind import EarTrialSpec, is_ear_file
-    from workloads.spec import TrialSpec
-
     if is_ear_file(read_yaml(path)[0]):  # an EAR trial tests on its own test split, by configuration apart
         _, specs = load_trials(path, EarTrialSpec)
         for spec in specs:
@@ -57,8 +54,7 @@ def test_the_shipped_files_are_sweeps_and_trial_files():
 def _dry_run(tmp_path, config: dict):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--dry-run", "--storage",
-                           str(tmp_path / "store")], capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ))
+    proc = run_cli(tmp_path, "sweep", str(path), "--dry-run", "--storage", str(tmp_path / "store"))
     return path, proc
 
 

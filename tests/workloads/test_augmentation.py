@@ -2,18 +2,24 @@
 
 import gzip
 import math
+import os
 import random
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from workloads.augmentation import build_augmentation_sets, rows_without_sentences, select_sentences
-from workloads.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, SentenceStatistics
-from workloads.data.collections import Collection, Document
-from workloads.errors import InputError
-from workloads.spec import AugmentationSpec
-from workloads.text.glove import load_glove
-from workloads.text.sentences import split_sentences
+from workloads.core.errors import InputError
+from workloads.data.collections import Collection
+from workloads.data.document import Document
+from workloads.kinds.rerank.augmentation import build_augmentation_sets, rows_without_sentences, select_sentences
+from workloads.kinds.rerank.augmentation.scorers import BM25SentenceScorer, GloVeScorer, RandomScorer, SentenceStatistics
+from workloads.kinds.rerank.batching import triples_to_batch
+from workloads.kinds.rerank.spec import AugmentationSpec
+from workloads.kinds.rerank.train import with_augmentation
+from workloads.kinds.rerank.training_sets import TRAINING_SCHEMA
+from workloads.text.glove import load_glove, resolve_glove_path
+from workloads.text.sentences import document_sentences, split_sentences
 
 DOC = ("Cats are small mammals. They sleep a lot, e.g. sixteen hours per day. "
        "Purring is how cats signal comfort. J. Smith et al. studied purring in 2001. Dogs bark.")
@@ -82,8 +88,6 @@ def test_glove_bad_file(tmp_path):
 
 
 def test_real_glove_subset_covers_scifact_words():
-    from workloads.text.glove import resolve_glove_path
-
     words, vectors = load_glove(resolve_glove_path("glove/glove.6B.50d.top100k.txt.gz"))
     assert vectors.shape == (100_000, 50) and "protein" in words
 
@@ -99,10 +103,6 @@ def toy_collection():
 
 
 def write_training_set(path, positives=("d1",) * 3):
-    import pyarrow as pa
-
-    from workloads.training_sets import TRAINING_SCHEMA
-
     rows = [{"query_id": "q1", "query": "cats purring comfort", "positive_id": p, "positive": DOC,
              "negative_id": "d2", "negative": "Dogs bark loudly. Dogs run."} for p in positives]
     pq.write_table(pa.Table.from_pylist(rows, schema=TRAINING_SCHEMA), path)
@@ -129,17 +129,12 @@ def test_augmentation_set_is_stored_once_and_reused(tmp_path, project_log):
 
 
 def test_title_is_a_candidate_sentence_of_its_own():
-    from workloads.text.sentences import document_sentences
-
     assert document_sentences(Document("d", "Purring  cats", "Dogs bark. Fish swim.")) == ["Purring cats", "Dogs bark.", "Fish swim."]
     assert document_sentences(Document("d", "Only a title", "")) == ["Only a title"]
     assert document_sentences(Document("d", "", "")) == []
 
 
 def test_title_only_document_is_augmented_with_its_title_and_an_empty_one_gets_no_pair(tmp_path):
-    from workloads.batching import triples_to_batch
-    from workloads.training import with_augmentation
-
     collection = toy_collection()
     collection.corpus["d5"] = Document("d5", "Cats purring for comfort", "")  # title only: its one sentence is the title
     collection.corpus["d6"] = Document("d6", "", "   ")                      # nothing at all
@@ -172,7 +167,6 @@ def test_per_epoch_redraw_is_seeded_and_epoch_one_equals_a_single_draw(tmp_path)
     bm25_rows = [pq.read_table(p).to_pylist() for p in bm25]
     assert [r["augmented_positive"] for r in bm25_rows[0]] == [r["augmented_positive"] for r in bm25_rows[1]]  # a ranking
     # rebuilt from scratch elsewhere: the same draws (seeded per row and epoch)
-    import os
     os.environ["ORCHESTRATE_CACHE_DIR"], saved = str(tmp_path / "other-cache"), os.environ["ORCHESTRATE_CACHE_DIR"]
     try:
         again = build_augmentation_sets(collection, "train", training, AugmentationSpec(method="random", k=2, seed=1), 3)

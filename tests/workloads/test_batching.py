@@ -5,9 +5,10 @@ import random
 import pytest
 import torch
 
-from workloads.batching import lists_to_batch, make_batch, plan_epoch
+from workloads.kinds.rerank.batching import lists_to_batch, make_batch, plan_epoch, row_length
+from workloads.kinds.rerank.spec import OptimizationSpec, TrialSpec
+from workloads.kinds.rerank.training_sets import sample_triples
 from workloads.losses import ModelOutputs, build_ranking_loss
-from workloads.training_sets import sample_triples
 
 
 def _rows(queries: int, positives_per_query: int = 1, negatives: int = 3) -> list[dict]:
@@ -82,8 +83,6 @@ def test_sampling_n_negatives_draws_distinct_negatives_of_the_same_query():
 
 
 def test_batching_settings_are_checked_against_each_other():
-    from workloads.spec import TrialSpec
-
     def spec(**sections):
         return TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, **sections})
 
@@ -111,8 +110,6 @@ def _rows_of_lengths(n: int, seed: int = 0) -> list[dict]:
 
 @pytest.mark.parametrize("batching, negatives", [("triples", 1), ("per_query", 3)])
 def test_length_bucketing_uses_every_row_once_per_epoch_deterministically(batching, negatives):
-    from workloads.batching import plan_epoch, row_length
-
     rows = _rows_of_lengths(1003)
     if negatives > 1:
         rows = [{**r, "negatives": [r["negative"]] * negatives, "negative_ids": ["x"] * negatives} for r in rows]
@@ -137,7 +134,5 @@ def test_length_bucketing_uses_every_row_once_per_epoch_deterministically(batchi
 
 
 def test_length_bucketing_is_refused_for_cft_batches():
-    from workloads.spec import OptimizationSpec
-
     with pytest.raises(ValueError, match="length_bucketing does not apply to cft"):
         OptimizationSpec(batching="cft", batch_size=31, length_bucketing=True)

@@ -1,4 +1,4 @@
-"""Batches padded from the stored ids with numpy (``workloads.tokenized.pad_stored``): exactly the
+"""Batches padded from the stored ids with numpy (``workloads.text.tokenized.pad_stored``): exactly the
 tensors ``tokenizer.pad`` made (keys, order, dtype, side, pad ids, lengths), so the same
 training steps and scores; and the fixed-shape padding of a compiled encoder."""
 
@@ -9,7 +9,14 @@ import json
 import pytest
 import torch
 
-from workloads.tokenized import pad_features, pad_stored, tokenize_pairs
+from workloads.kinds.rerank.batching import plan_epoch
+from workloads.kinds.rerank.spec import LossSpec
+from workloads.kinds.rerank.train import prefetched, training_pairs
+from workloads.losses import build_loss
+from workloads.models.cross_encoder import CrossEncoder, EncodedPairs, score_pairs
+from workloads.text.tokenized import cut_documents, pad_features, pad_stored, tokenize_pairs
+from workloads.training import TrainingObjective
+from workloads.training.step import accumulated_step, adamw
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +35,6 @@ def pairs(scifact_dir):
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
-    from workloads.models.cross_encoder import CrossEncoder
-
     return CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=64)
 
 
@@ -110,13 +115,6 @@ def test_training_steps_and_scores_are_bit_identical_to_the_reference_path(pairs
     """A short fp32 training run (dropout on, seeded) through the loop's prefetch thread ends with
     the same weights whether batches are padded by numpy or by ``tokenizer.pad``; scoring gives
     the same scores in the same order."""
-    from workloads.batching import plan_epoch
-    from workloads.losses import build_loss
-    from workloads.models.cross_encoder import CrossEncoder, score_pairs
-    from workloads.spec import LossSpec
-    from workloads.training import TrainingObjective, prefetched, training_pairs
-    from workloads.training.step import accumulated_step, adamw
-
     queries, documents = pairs
     rows = [{"query_id": f"q{i % 16}", "query": queries[i], "positive_id": f"d{i}", "positive": documents[i],
              "negative_id": f"d{(i + 7) % 48}", "negative": documents[(i + 7) % 48],
@@ -155,9 +153,6 @@ def test_training_steps_and_scores_are_bit_identical_to_the_reference_path(pairs
 
 
 def _reference(model, queries, documents, tokenized):
-    from workloads.models.cross_encoder import EncodedPairs
-    from workloads.tokenized import cut_documents
-
     if tokenized is None:
         return EncodedPairs(dict(model.tokenizer(queries, cut_documents(model.tokenizer, documents, model.max_length),
                                                  truncation="longest_first", max_length=model.max_length, padding="longest",
@@ -166,8 +161,6 @@ def _reference(model, queries, documents, tokenized):
 
 
 def test_scores_come_back_in_input_order_whatever_the_batches(pairs, model):
-    from workloads.models.cross_encoder import score_pairs
-
     queries, documents = pairs
     stored = model.tokenized(queries, documents)
     one_by_one = [score_pairs(model, [q], [d], 1, torch.device("cpu"), precision="fp32")[0]

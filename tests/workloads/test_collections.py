@@ -2,14 +2,23 @@
 
 import gzip
 import json
-import subprocess
-import sys
+import os
+import pickle
 from pathlib import Path
 
 import pytest
+import yaml
 
-from workloads.data.collections import load_beir_directory, resolve_collection
-from workloads.errors import InputError
+import workloads.kinds.rerank.steps as trial
+from tests.helpers import held_out_scifact
+from tests.helpers import run_cli as run_in_process
+from workloads.core.errors import InputError
+from workloads.data.collections import Collection
+from workloads.data.document import Document
+from workloads.data.identity import corpus_fingerprint
+from workloads.data.local_files import load_beir_directory
+from workloads.data.resolve import resolve_collection
+from workloads.kinds.rerank.spec import TrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,10 +104,9 @@ def test_unknown_split_names_known_ones(scifact_dir):
 
 
 def run_cli(*args, env_extra=None):
-    import os
 
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, env=env, cwd=REPO)
+
+    return run_in_process(REPO, *args, env=env_extra)
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path):
@@ -152,9 +160,6 @@ def test_bad_collection_yaml_is_one_clear_error(tmp_path, text, expected):
 
 
 def test_overlapping_splits_of_one_collection_are_refused_before_anything_is_computed(tmp_path, monkeypatch):
-    import workloads.trial as trial
-    from workloads.spec import TrialSpec
-
     root = write_beir(tmp_path / "overlap")
     (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"query {q}"}) + "\n" for q in ("q1", "q2", "q3")))
     (root / "qrels" / "train.tsv").write_text("q1\td1\t1\nq2\td2\t1\n")  # q1 is judged in train and in test
@@ -171,8 +176,6 @@ def test_overlapping_splits_of_one_collection_are_refused_before_anything_is_com
 
 @pytest.mark.parametrize("case", ["split", "collection_yaml", "overlap"])
 def test_cli_guards_are_one_line_exit_2(tmp_path, case):
-    import yaml
-
     root = write_beir(tmp_path / "c")
     data = {"collection": str(root)}
     if case == "split":
@@ -194,8 +197,6 @@ def test_cli_guards_are_one_line_exit_2(tmp_path, case):
 
 
 def test_a_collection_is_opened_once_per_process_and_again_when_its_files_change(tmp_path):
-    import os
-
     root = write_beir(tmp_path / "c")
     first = resolve_collection(str(root))
     assert resolve_collection(str(root)) is first  # a trial, its targets, the cells: one read
@@ -210,9 +211,6 @@ def test_a_collection_is_opened_once_per_process_and_again_when_its_files_change
 def test_the_corpus_fingerprint_follows_the_corpus_not_the_queries(tmp_path, scifact_dir):
     """A held-out copy with the same corpus (linked) shares its indexes and runs; an in-memory
     collection still hashes its documents."""
-    from tests.helpers import held_out_scifact
-    from workloads.data.collections import Collection, Document, corpus_fingerprint
-
     original = resolve_collection(str(scifact_dir))
     held_out = resolve_collection(str(held_out_scifact(tmp_path, scifact_dir)))
     assert held_out.fingerprint == original.fingerprint and len(held_out.qrels["test"]) < len(original.qrels["test"])
@@ -222,6 +220,5 @@ def test_the_corpus_fingerprint_follows_the_corpus_not_the_queries(tmp_path, sci
     assert (corpus_fingerprint(None, "msmarco-document")
             == corpus_fingerprint(None, "msmarco-document/trec-dl-2019/judged")
             != corpus_fingerprint(None, "beir/scifact"))
-    import pickle
 
     assert pickle.loads(pickle.dumps(held_out)).fingerprint == original.fingerprint  # a collection travels to tasks

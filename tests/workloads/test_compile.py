@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
 
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.models import cross_encoder
+from workloads.models.cross_encoder import CrossEncoder, compile_encoder, score_pairs
 
 
 def _batch(model, texts: int, words: int):
@@ -23,11 +27,6 @@ def _batch(model, texts: int, words: int):
 
 @pytest.mark.slow  # inductor compiles the forward and backward graphs: ~30 s on 2 cores
 def test_a_compiled_encoder_trains_like_the_eager_one_with_one_graph_for_every_length(tiny_model_dir):
-    from torch._dynamo.utils import counters
-    from torch._inductor import config as inductor_config
-
-    from workloads.models.cross_encoder import CrossEncoder, compile_encoder
-
     torch.manual_seed(0)
     eager = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=64)
     compiled = copy.deepcopy(eager)
@@ -56,7 +55,6 @@ def test_a_compiled_encoder_trains_like_the_eager_one_with_one_graph_for_every_l
     assert counters["stats"]["unique_graphs"] == 1  # dynamic shapes: lengths 2 and 3 reused the first graph
     assert inductor_config.fallback_random is False  # eager-like dropout for our graphs, not the process's
     # and it scores, without gradients, as the eager model does
-    from workloads.models.cross_encoder import score_pairs
 
     queries, documents = ["q one", "q two longer query"], ["a document", "another document, a longer one"]
     torch.testing.assert_close(torch.tensor(score_pairs(compiled, queries, documents, precision="fp32")),
@@ -64,10 +62,6 @@ def test_a_compiled_encoder_trains_like_the_eager_one_with_one_graph_for_every_l
 
 
 def test_compile_without_a_cxx_compiler_is_refused_with_one_line(monkeypatch):
-    from torch._inductor import config as inductor_config
-
-    from workloads.models import cross_encoder
-
     # inductor's own patch, not monkeypatch: pytest's undo deletes an attribute it did not find in the
     # proxy's __dict__, and a deleted inductor setting stays hidden for every later compile in the process
     with inductor_config.patch({"cpp.cxx": (None, "g++")}):  # what inductor searches where CXX is unset

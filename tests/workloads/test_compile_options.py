@@ -1,9 +1,16 @@
 """``optimization.compile``: true (dynamic shapes, as before) or a mapping {mode, dynamic}; fixed
 shapes for CUDA graphs. Old files validate and key as before."""
 
-import pytest
+import copy
 
-from workloads.spec import CompileSpec, TrialSpec
+import pytest
+import torch
+
+from orchestrator.core.config import load_spec
+from orchestrator.core.schema import trial_key
+from workloads.core.errors import InputError
+from workloads.kinds.rerank.spec import CompileSpec, TrialSpec
+from workloads.models.cross_encoder import CrossEncoder, compile_encoder, score_pairs
 
 BASE = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
 
@@ -13,8 +20,6 @@ def spec_with(compile_value) -> TrialSpec:
 
 
 def test_old_values_and_the_empty_mapping_keep_their_trial_keys():
-    from orchestrator.core.schema import trial_key
-
     # the keys these specs had at 617b804, before the mapping existed
     assert trial_key(TrialSpec.model_validate(BASE)) == trial_key(spec_with(False)) == "761b677795444a3d"
     assert trial_key(spec_with(True)) == trial_key(spec_with({})) == "f85aa18af6bcee22"
@@ -42,9 +47,6 @@ def test_compile_options_name_what_compile_encoder_takes():
     ("sometimes", r"optimization.compile: give true, false or a mapping such as \{mode: reduce-overhead, dynamic: false\}"),
 ])
 def test_a_wrong_compile_value_gets_one_line_naming_it(tmp_path, value, message):
-    from orchestrator.core.config import load_spec
-    from workloads.errors import InputError
-
     path = tmp_path / "trial.yaml"
     path.write_text(f"name: x\ndata: {{collection: beir/scifact}}\nmodel: {{name: minilm-l6}}\noptimization:\n  compile: {value}\n")
     with pytest.raises(InputError, match=r"trial.yaml:5: " + message) as caught:
@@ -53,8 +55,6 @@ def test_a_wrong_compile_value_gets_one_line_naming_it(tmp_path, value, message)
 
 
 def test_compile_encoder_keeps_the_old_call_and_fixes_shapes_on_request(tiny_model_dir, monkeypatch):
-    from workloads.models.cross_encoder import CrossEncoder, compile_encoder
-
     calls = []
     model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=64)
     monkeypatch.setattr(model.encoder, "compile", lambda **kwargs: calls.append(kwargs))
@@ -67,11 +67,6 @@ def test_compile_encoder_keeps_the_old_call_and_fixes_shapes_on_request(tiny_mod
 
 @pytest.mark.slow  # inductor compiles the forward and backward graphs at fixed shapes: ~1-3 min on 2 cores
 def test_a_fixed_shape_encoder_trains_and_scores_with_and_without_the_mask(tiny_model_dir):
-    import copy
-
-    import torch
-
-    from workloads.models.cross_encoder import CrossEncoder, compile_encoder, score_pairs
 
     torch.manual_seed(0)
     eager = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=24)

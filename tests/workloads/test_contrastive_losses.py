@@ -6,8 +6,11 @@ import math
 import pytest
 import torch
 
-from workloads.batching import PairStructure, triples_to_batch
+from workloads.kinds.rerank.batching import triples_to_batch
 from workloads.losses import CONTRASTIVE_LOSSES, ModelOutputs, RankingWithContrastive, build_contrastive_loss, build_ranking_loss
+from workloads.losses.base import PairStructure
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.training import load_loss_state
 
 # Pairs: 0 (q0, d+), 1 (q0, d-), 2 (q1, d+), 3 (q1, d-), 4 (q0, d+_a made from pair 0), 5 (q0, d-_a)
 ANGLES = [0, 90, 30, 180, 10, 120]  # Phi_i = unit vector at this angle (degrees): Phi_i . Phi_j = cos(difference)
@@ -143,8 +146,6 @@ def test_batch_structure_of_augmented_triples():
 
 @pytest.mark.parametrize("name", sorted(CONTRASTIVE_LOSSES))
 def test_gradient_reaches_the_encoder(name, tiny_model_dir):
-    from workloads.models.cross_encoder import CrossEncoder
-
     torch.manual_seed(0)
     model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=32)
     rows = [
@@ -281,8 +282,6 @@ def test_identity_nca_is_scl_at_half_its_scale_with_one_positive_per_anchor():
 
 
 def test_dwa_step_and_degenerate_counts_survive_a_checkpoint():
-    from workloads.training import load_loss_state
-
     def fresh():
         return RankingWithContrastive(build_ranking_loss("pointwise"), build_contrastive_loss("scl"), "dwa", period=8)
 

@@ -1,9 +1,12 @@
 """The cross-encoder returns (score, Phi), truncates only documents, and round-trips checkpoints."""
 
+import os
+
 import pytest
 import torch
 
-from workloads.errors import InputError
+import workloads.models.cross_encoder as ce
+from workloads.core.errors import InputError
 from workloads.models.cross_encoder import CrossEncoder, resolve_model_name, score_pairs
 
 
@@ -43,8 +46,6 @@ def test_checkpoint_round_trip_gives_same_scores(model, tmp_path):
 
 
 def test_minilm_alias_resolves_offline():
-    import os
-
     path = resolve_model_name("minilm-l6")
     assert os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))
 
@@ -78,10 +79,6 @@ def test_mean_pooling_is_the_mean_over_real_tokens_and_survives_a_checkpoint(tin
 
 
 def test_precision_auto_on_cpu_follows_the_measured_bf16_speedup(monkeypatch):
-    import torch
-
-    import workloads.models.cross_encoder as ce
-
     cpu = torch.device("cpu")
     monkeypatch.setattr(ce, "cpu_bf16_speedup", lambda: 2.5)   # e.g. an AMX CPU
     assert ce.autocast_dtype(cpu, "auto") == torch.bfloat16
@@ -92,8 +89,6 @@ def test_precision_auto_on_cpu_follows_the_measured_bf16_speedup(monkeypatch):
 
 
 def test_the_bf16_measurement_is_made_once_per_machine(tmp_path, monkeypatch):
-    import workloads.models.cross_encoder as ce
-
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(ce, "cpu_has_native_bf16", lambda: True)
     calls = []
@@ -111,8 +106,6 @@ def test_the_bf16_measurement_is_made_once_per_machine(tmp_path, monkeypatch):
 def test_the_bf16_measurement_is_not_shared_by_cpus_of_one_name_with_other_flags(tmp_path, monkeypatch):
     """VMs report one model name with and without AMX exposed: one's answer must not decide
     for the other (bf16 ran 0.8x fp32 on one, 9x on the other)."""
-    import workloads.models.cross_encoder as ce
-
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path))
     name = "Intel(R) Xeon(R) Processor"
     monkeypatch.setattr(ce, "_cpu_flags", lambda: (name, {"avx512f", "avx512_bf16"}))
@@ -134,8 +127,6 @@ def test_the_bf16_measurement_leaves_the_seeded_generator_alone():
     """The first trial on a machine measures inside its seeded training loop: drawing its test
     matrices from torch's global generator changed that trial's numbers (a selector test
     learned its task only when an earlier test had measured first)."""
-    import workloads.models.cross_encoder as ce
-
     torch.manual_seed(7)
     expected = torch.rand(4)
     torch.manual_seed(7)

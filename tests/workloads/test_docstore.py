@@ -6,10 +6,11 @@ import random
 
 import pytest
 
+from workloads.core.errors import InputError
 from workloads.data import docstore as docstore_module
-from workloads.data.collections import load_beir_directory, sorted_document_ids
+from workloads.data.collections import sorted_document_ids
 from workloads.data.docstore import DocStore, build_docstore
-from workloads.errors import InputError
+from workloads.data.local_files import load_beir_directory
 
 
 def write_corpus(path, documents):

@@ -12,9 +12,15 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from workloads.data.collections import resolve_collection
-from workloads.spec import TrialSpec
-from workloads.training_sets import Triple, draw_chunks, drawable_queries, select_size
+import workloads.kinds.rerank.steps as trial
+import workloads.kinds.rerank.training_sets as training_sets
+from orchestrator.core.schema import trial_key
+from workloads.core.seeds import derived_seed
+from workloads.data.resolve import resolve_collection
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import _training_queries
+from workloads.kinds.rerank.training_sets import Triple, draw_chunks, drawable_queries, select_size
+from workloads.retrieval.first_stage import first_stage_run
 
 WORDS = [f"w{i}" for i in range(400)]
 
@@ -67,8 +73,6 @@ def _spec(root, model, size, seed, queries="all") -> TrialSpec:
 
 def _prepared(spec, monkeypatch):
     """(the training set's rows, every query set the training split was retrieved for)."""
-    import workloads.trial as trial
-
     asked = []
     real = trial.first_stage_run
 
@@ -84,17 +88,12 @@ def _prepared(spec, monkeypatch):
 
 
 def _full_run(collection, spec, train_ids):
-    from workloads.retrieval.first_stage import first_stage_run
-
     queries = collection.split_queries("train")
     return first_stage_run(collection, "train", {q: queries[q] for q in train_ids}, spec.first_stage.train_depth,
                            spec.first_stage)
 
 
 def test_only_queries_that_can_draw_are_retrieved_and_the_rows_are_todays(msmarco_shaped, tiny_model_dir, monkeypatch):
-    from orchestrator.core.schema import trial_key
-    from workloads.trial import _training_queries
-
     collection = resolve_collection(str(msmarco_shaped))
     qrels = collection.split_qrels("train")
     for size, seed in [(100, 13), (400, 13), (400, 2)]:
@@ -125,10 +124,6 @@ def test_as_needed_retrieves_a_prefix_of_chunks_nested_and_as_the_full_run_draws
     """Chunks of 16 doubling to 64 (the real ones are 256 to 16,384): a 40-pair set retrieves
     the first chunks only, a 120-pair set a few more; the smaller set is the larger one's
     prefix; every chunk's rankings are the full run's (rows equal to a draw over it)."""
-    import workloads.training_sets as training_sets
-    from workloads.seeds import derived_seed
-    from workloads.trial import _training_queries
-
     monkeypatch.setattr(training_sets, "FIRST_CHUNK", 16)
     monkeypatch.setattr(training_sets, "LARGEST_CHUNK", 64)
     collection = resolve_collection(str(msmarco_shaped))

@@ -3,9 +3,9 @@
 import pytest
 import pytrec_eval
 
-from workloads.data.collections import resolve_collection
+from workloads.data.resolve import resolve_collection
 from workloads.evaluation import evaluate
-from workloads.reranking import merge_with_first_stage
+from workloads.evaluation.reranking import merge_with_first_stage
 from workloads.retrieval.bm25 import retrieve
 
 # trec_eval measure for each of ours (binary measures take trec_eval's relevance_level).

@@ -7,8 +7,15 @@ import shutil
 
 import pytest
 import torch
+from transformers import AutoConfig
 
-from workloads.spec import TrialSpec
+from orchestrator.core.schema import trial_key
+from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import prepare_trial
+from workloads.kinds.rerank.train import RerankEpochs, train_cross_encoder
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.training.loop import generator_state
 
 SPEC = {
     "name": "exact", "data": {"collection": "beir/scifact", "validation_queries": 5},
@@ -28,18 +35,12 @@ def _reporter(root, reports):
 
 
 def _weights(directory):
-    from workloads.models.cross_encoder import CrossEncoder
-
     model = CrossEncoder.from_pretrained(str(directory))
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_model_dir, scifact_dir):
-    from transformers import AutoConfig
-
-    from workloads.training import train_cross_encoder
-    from workloads.trial import prepare_trial
 
     assert AutoConfig.from_pretrained(tiny_model_dir).hidden_dropout_prob > 0  # dropout draws from the generators
     spec = TrialSpec.model_validate({**SPEC, "model": {"name": str(tiny_model_dir), "max_length": 64}})
@@ -57,9 +58,6 @@ def uninterrupted(tmp_path_factory, tiny_model_dir, scifact_dir):
 ], ids=["epoch-2-before-its-first-save", "epoch-2-epoch-checkpoint-only", "epoch-2-after-a-save-accumulated"])
 def test_a_trial_killed_in_epoch_2_resumes_bit_identically(tmp_path, monkeypatch, uninterrupted, killed_in_call,
                                                            in_epoch_saves, resumes_at):
-    from workloads.training import STATE_FILE, train_cross_encoder
-    from workloads.training.rerank import RerankEpochs
-
     spec, training, whole, expected = uninterrupted
     real_step, calls = RerankEpochs._step, []
 
@@ -95,9 +93,6 @@ def test_a_trial_killed_in_epoch_2_resumes_bit_identically(tmp_path, monkeypatch
 def test_the_epoch_checkpoint_carries_every_workers_generators(tmp_path, uninterrupted):
     """What makes the resume exact: the state of epoch 1 holds the generators epoch 2 starts
     from (one per worker); the last epoch's too (nothing reads it, it costs a few KB)."""
-    from workloads.training import STATE_FILE, train_cross_encoder
-    from workloads.training.loop import generator_state
-
     spec, training, _, _ = uninterrupted
     one = spec.model_copy(update={"optimization": spec.optimization.model_copy(update={"epochs": 1})})
     reports: list = []
@@ -111,8 +106,6 @@ def test_the_epoch_checkpoint_carries_every_workers_generators(tmp_path, uninter
 def test_a_trials_identity_keys_its_gradient_accumulation():
     """An accumulated trial never reuses an unaccumulated trial's result (nor one of another
     accumulation); accumulation 1 keeps the key trials had before accumulation existed."""
-    from orchestrator.core.schema import trial_key
-
     base = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
     keys = {k: trial_key(TrialSpec.model_validate({**base, "optimization": {"gradient_accumulation": k}})) for k in (1, 2, 4)}
     assert keys[1] == trial_key(TrialSpec.model_validate(base)) == "761b677795444a3d"  # the key before accumulated steps

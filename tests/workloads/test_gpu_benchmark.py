@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.sweep.estimate import load_throughputs
+
 REPO = Path(__file__).resolve().parents[2]
 BLOCKED = ("pydantic", "ir_measures", "orchestrator", "ray", "mlflow")
 
@@ -39,7 +41,6 @@ def test_the_gpu_benchmark_smoke_runs_without_pydantic_and_writes_estimate_profi
     assert eager["launches_per_step"] > 100 and eager["launch_unit"] == "torch operators"
     assert row["sentence_transformers"] == {"skipped": "--no-st"}
 
-    from orchestrator.sweep.estimate import load_throughputs
 
     profiles = load_throughputs(tmp_path / "gpu.profiles.json")
     profile = profiles["smoke-distilbert-32-b4-eager"]

@@ -3,7 +3,10 @@
 import pytest
 
 from workloads.evaluation import evaluate
-from workloads.reranking import WEIGHT_GRID, interpolate, merge_with_first_stage, tune_weight
+from workloads.evaluation.reranking import WEIGHT_GRID, interpolate, merge_with_first_stage, tune_weight
+from workloads.kinds.rerank.epoch_metrics import WEIGHT_METRIC
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import final_interpolation
 
 FIRST_STAGE = {"q": {"d1": 10.0, "d2": 8.0, "d3": 6.0, "d4": 1.0}}  # d4 lies below the re-ranking depth
 CROSS_ENCODER = {"q": {"d1": -1.0, "d2": 3.0, "d3": 1.0}}
@@ -70,19 +73,12 @@ def test_tuning_prefers_the_plain_reranker_when_fusion_does_not_help():
 
 @pytest.mark.parametrize("setting, expected", [("none", "none"), (0.3, 0.3), ("tuned", 0.65)])
 def test_the_test_ranking_takes_the_validation_weight_of_the_chosen_epoch(setting, expected):
-    from workloads.spec import TrialSpec
-    from workloads.trial import final_interpolation
-
     spec = TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
                                      "reranking": {"interpolation": setting}})
     assert final_interpolation(spec, 0.65) == expected
 
 
 def test_a_tuned_trial_without_a_recorded_weight_is_a_clear_error():
-    from workloads.spec import TrialSpec
-    from workloads.training import WEIGHT_METRIC
-    from workloads.trial import final_interpolation
-
     spec = TrialSpec.model_validate({"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
                                      "reranking": {"interpolation": "tuned"}})
     with pytest.raises(ValueError, match=f"x: interpolation is 'tuned' but the chosen epoch recorded no {WEIGHT_METRIC}"):

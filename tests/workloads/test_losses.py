@@ -1,12 +1,13 @@
 """Each ranking loss against a value computed by hand, plus degenerate batches."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from workloads.batching import PairStructure
 from workloads.losses import RANKING_LOSSES, ModelOutputs, build_ranking_loss
+from workloads.losses.base import PairStructure
 
 
 def structure(labels, query_ids, triple_ids):
@@ -72,7 +73,8 @@ def test_degenerate_batch_is_finite_and_counted(name):
 def test_gradient_pushes_positive_up(name):
     out = outputs(SCORES)
     margin = {"margin": 5.0} if "margin" in RANKING_LOSSES[name].hyperparameters else {}  # what the loss declares
-    build_ranking_loss(name, **margin)(out, STRUCT).backward()
+    taught = dataclasses.replace(STRUCT, teacher=torch.tensor([4.0, 0.0] * 3))  # a teacher's scores: margin_mse's targets
+    build_ranking_loss(name, **margin)(out, taught).backward()
     grad = out.scores.grad
     assert grad[2] < 0 and grad[3] > 0  # descending the loss raises a positive and lowers a negative
 

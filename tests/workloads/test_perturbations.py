@@ -1,5 +1,6 @@
 """Query perturbations (CFT's CheckList rules): hand cases, determinism across processes, subsets."""
 
+import json
 import random
 import subprocess
 import sys
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from workloads.perturbations import PERTURBATIONS, contraction, perturb_queries, punctuation, query_rng, typo
+from tests.helpers import run_cli
+from tests.workloads.test_wikiqa_and_first_stages import write_wikiqa
+from workloads.text.perturbations import PERTURBATIONS, contraction, perturb_queries, punctuation, query_rng, typo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,12 +50,11 @@ def test_contraction_expands_or_contracts_keeping_case_and_skips_queries_without
 def test_perturbed_sets_are_deterministic_across_processes_and_contraction_is_a_strict_subset():
     queries = {f"q{i}": text for i, text in enumerate(
         ["what is a cat", "how are glacier caves formed ?", "who's the king", "where do eels spawn", "WHEN IS EASTER"])}
-    script = ("import json, sys; from workloads.perturbations import perturb_queries; "
+    script = ("import json, sys; from workloads.text.perturbations import perturb_queries; "
               f"q = {queries!r}; print(json.dumps({{p: perturb_queries(q, p) for p in ('punctuation', 'typo', 'contraction')}}))")
     outputs = {subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True,
                               env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
     assert len(outputs) == 1  # another process with another hash seed: the same variants
-    import json
 
     variants = json.loads(outputs.pop())
     assert variants == {p: perturb_queries(queries, p) for p in PERTURBATIONS}
@@ -70,13 +72,10 @@ def test_unknown_perturbation_is_an_error():
 
 
 def test_the_perturb_command_shows_originals_and_variants_and_refuses_bad_input(tmp_path):
-    from tests.workloads.test_wikiqa_and_first_stages import write_wikiqa
-
     root = write_wikiqa(tmp_path / "wikiqa")
 
     def perturb(*args):
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", "perturb", str(root), *args], capture_output=True,
-                              text=True, cwd=REPO)
+        return run_cli(REPO, "perturb", str(root), *args)
 
     shown = perturb("--split", "test-unfiltered", "--show", "2")
     assert shown.returncode == 0, shown.stderr

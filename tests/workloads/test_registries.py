@@ -3,17 +3,42 @@ augmentation scorer is configurable from YAML, constructible from its spec, and 
 hyper-parameter a loss declares searchable can be searched by a sweep; every trial kind
 names its whole lifecycle."""
 
+import dataclasses
 import inspect
 import random
 
 import pytest
 import torch
+import yaml
+from pydantic import BaseModel
 
-from workloads.augmentation.scorers import SCORERS
-from workloads.batching import triples_to_batch
-from workloads.kinds import TRIAL_KINDS
-from workloads.losses import CONTRASTIVE_LOSSES, RANKING_LOSSES, ModelOutputs, build_loss
-from workloads.spec import AugmentationSpec, LossSpec, TrialSpec
+from orchestrator.core.config import load_spec
+from orchestrator.sweep.grid import Cell, SearchSpec
+from orchestrator.sweep.search import apply_params
+from workloads.data.collections import Collection
+from workloads.data.document import Document
+from workloads.kinds import TRIAL_KINDS, kind_of, requirements
+from workloads.kinds.dense.spec import DenseTrialSpec
+from workloads.kinds.ear.spec import EarTrialSpec
+from workloads.kinds.rerank.augmentation import build_scorer
+from workloads.kinds.rerank.augmentation.scorers import SCORERS, SUPERVISED_METHODS
+from workloads.kinds.rerank.batching import triples_to_batch
+from workloads.kinds.rerank.spec import LOSS_HYPERPARAMETERS, AugmentationSpec, LossSpec, TrialSpec
+from workloads.kinds.selector import SELECTORS
+from workloads.kinds.selector.select_and_rank import SelectAndRank
+from workloads.kinds.selector.trial_spec import SELECTOR_METHODS, selector_trial
+from workloads.losses import (
+    CONTRASTIVE_LOSSES,
+    PARAMETERS,
+    RANKING_LOSSES,
+    WEIGHTINGS,
+    ModelOutputs,
+    PairLoss,
+    Parameter,
+    build_loss,
+    collect_declarations,
+    needs_augmentation,
+)
 
 ROWS = [{"query_id": q, "query": f"query {q}", "positive": f"relevant {q}", "negative": f"other {q}",
          "augmented_positive": f"part of relevant {q}", "augmented_negative": f"random {q}"} for q in ("a", "a", "b")]
@@ -26,12 +51,9 @@ def spec_for(kind: str, name: str) -> LossSpec:
 
 @pytest.mark.parametrize("kind, name", ALL_LOSSES)
 def test_every_loss_is_configurable(kind, name, tmp_path):
-    from orchestrator.core.config import load_spec
-
     trial = {"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, "loss": {kind: name},
              "augmentation": {"method": "bm25"}}
     path = tmp_path / "trial.yaml"
-    import yaml
 
     path.write_text(yaml.safe_dump(trial))
     spec = load_spec(path, TrialSpec)
@@ -61,9 +83,6 @@ def test_every_loss_is_constructible_with_its_declared_hyperparameters(kind, nam
 
 @pytest.mark.parametrize("kind, name", ALL_LOSSES)
 def test_every_searchable_hyperparameter_can_be_searched(kind, name):
-    from orchestrator.sweep.grid import Cell, SearchSpec
-    from orchestrator.sweep.search import apply_params
-
     cls = (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name]
     spec = TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"},
                                      "loss": {kind: name}, "augmentation": {"method": "bm25"}})
@@ -82,16 +101,12 @@ def test_every_augmentation_scorer_is_configurable_and_constructible(method, tmp
     glove = tmp_path / "glove.txt"
     glove.write_text("cats 1 0\npurr 0 1\n")
     spec = AugmentationSpec(method=method, glove_path=str(glove) if method == "glove" else None)
-    from workloads.augmentation import build_scorer
-    from workloads.augmentation.scorers import SUPERVISED_METHODS
 
     selector = None
     if method in SUPERVISED_METHODS:  # a supervised scorer reads a trained selector's directory
-        from workloads.selectors.select_and_rank import SelectAndRank
 
         selector = tmp_path / "selector"
         SelectAndRank.build(method, spec.selector, str(tiny_model_dir), 32).save(selector)
-    from workloads.data.collections import Collection, Document
 
     collection = Collection("toy", {"d1": Document("d1", "", "Cats purr. Dogs bark."), "d2": Document("d2", "", "Fish swim.")},
                             {"q1": "cats purr"}, {"train": {"q1": {"d1": 1}}})
@@ -103,8 +118,6 @@ def test_every_augmentation_scorer_is_configurable_and_constructible(method, tmp
 
 def _declarations():
     """(owner, declaration) of every loss and every weighting of the combination."""
-    from workloads.losses import WEIGHTINGS
-
     found = [(f"{kind} loss '{name}'", p) for kind, name in ALL_LOSSES
              for p in (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name].declared_parameters]
     return found + [(f"weighting '{w}'", p) for w, parameters in WEIGHTINGS.items() for p in parameters]
@@ -125,8 +138,6 @@ def test_a_field_several_losses_read_is_declared_alike():
 
 
 def test_declarations_that_disagree_are_refused():
-    from workloads.losses import Parameter, collect_declarations
-
     one = Parameter(field="x", annotation=float, default=1.0, gt=0, description="a number")
     assert collect_declarations({"a": (one,), "b": (one.taken_as("y"),)}) == {"x": one}  # another argument: fine
     for other in (Parameter(field="x", annotation=float, default=2.0, gt=0, description="a number"),
@@ -137,8 +148,6 @@ def test_declarations_that_disagree_are_refused():
 
 
 def test_hyperparameters_and_searchable_are_derived_never_declared():
-    from workloads.losses import PairLoss
-
     with pytest.raises(TypeError, match="derived"):
         type("Redeclared", (PairLoss,), {"name": "redeclared", "hyperparameters": {"margin": "margin"}})
     for _, name in ALL_LOSSES:
@@ -148,9 +157,6 @@ def test_hyperparameters_and_searchable_are_derived_never_declared():
 
 
 def test_lossspec_fields_are_the_declarations():
-    from workloads.losses import PARAMETERS
-    from workloads.spec import LOSS_HYPERPARAMETERS
-
     assert set(LOSS_HYPERPARAMETERS) == set(PARAMETERS)
     for owner, p in _declarations():
         info = LossSpec.model_fields[p.field]
@@ -180,9 +186,6 @@ def test_constructor_defaults_are_the_declared_defaults(kind, name):
 
 
 def test_every_searchable_declaration_is_in_the_search_space():
-    from orchestrator.sweep.grid import SearchSpec
-    from workloads.losses import PARAMETERS
-
     searchable = {f for f, p in PARAMETERS.items() if p.searchable}
     assert searchable >= {"margin", "lambda_", "tau", "contrastive_margin", "nca_scale", "lambdaloss_sigma"}
     assert searchable <= set(SearchSpec.model_fields)
@@ -195,17 +198,11 @@ def test_every_searchable_declaration_is_in_the_search_space():
 
 def test_supervised_scorers_are_exactly_the_selector_registry():
     """Supervised-ness is a property of the scorer; the selectors that train are the selector registry."""
-    from workloads.augmentation.scorers import SUPERVISED_METHODS
-    from workloads.selectors import SELECTORS
-    from workloads.selectors.kind import SELECTOR_METHODS
-
     assert set(SUPERVISED_METHODS) == set(SELECTORS) == set(SELECTOR_METHODS) == {"linear", "attention"}
     assert all(not SCORERS[m].supervised for m in SCORERS if m not in SELECTORS)
 
 
 def test_losses_that_need_augmentation_are_refused_without_it_in_trials_and_grids():
-    from workloads.losses import needs_augmentation
-
     needing = [(kind, name) for kind, name in ALL_LOSSES
                if (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name].needs_augmentation]
     assert ("contrastive", "infonce") in needing
@@ -220,25 +217,18 @@ def test_losses_that_need_augmentation_are_refused_without_it_in_trials_and_grid
 
 
 def _kind_examples():
-    from workloads.selectors.kind import selector_trial
-
     rerank = TrialSpec.model_validate({"name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
                                        "augmentation": {"method": "linear"}})
-    from workloads.expansion.kind import EarTrialSpec
 
     ear = EarTrialSpec.model_validate({"kind": "ear", "name": "e", "data": {"collection": "beir/scifact"}, "model": {"name": "m"}})
-    return {"rerank": rerank, "selector": selector_trial(rerank), "ear": ear}
+    dense = DenseTrialSpec.model_validate({"kind": "dense", "name": "d", "data": {"collection": "beir/scifact"}, "model": {"name": "m"}})
+    return {"rerank": rerank, "selector": selector_trial(rerank), "ear": ear, "dense": dense}
 
 
 @pytest.mark.parametrize("name", sorted(TRIAL_KINDS))
 def test_every_trial_kind_names_its_whole_lifecycle(name):
     """A kind is one registration: a typed spec, its workers' inputs, and every step of its
     lifecycle; a required trial has a kind of its own and an identity to be shared by."""
-    import dataclasses
-
-    from pydantic import BaseModel
-
-    from workloads.kinds import kind_of, requirements
 
     kind = TRIAL_KINDS[name]
     example = _kind_examples()[name]

@@ -8,7 +8,15 @@ import shutil
 import pytest
 import torch
 
-from workloads.spec import TrialSpec
+from workloads.kinds.rerank.batching import triples_to_batch
+from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE
+from workloads.kinds.rerank.spec import LossSpec, TrialSpec
+from workloads.kinds.rerank.steps import prepare_trial
+from workloads.kinds.rerank.train import RerankEpochs, train_cross_encoder
+from workloads.losses import build_loss
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.training.objective import TrainingObjective
+from workloads.training.step import RunningLoss, accumulated_step, adamw
 
 SPEC = {
     "name": "running-loss", "data": {"collection": "beir/scifact", "validation_queries": 5},
@@ -23,8 +31,6 @@ SPEC = {
 def test_the_running_sum_is_pythons_float_sum_bit_for_bit():
     """fp64 on the device, each fp32 loss widened exactly: Python's ``total += float(loss)``
     (an fp32 sum would differ, which the second assertion shows for these values)."""
-    from workloads.training.step import RunningLoss
-
     losses = torch.rand(997, generator=torch.Generator().manual_seed(0)) * 7
     running, total, fp32 = RunningLoss(torch.device("cpu")), 0.0, torch.zeros(())
     for loss in losses:
@@ -51,16 +57,12 @@ def _old_epoch_loss(micro_losses: list[torch.Tensor], accumulation: int) -> floa
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, tiny_model_dir, scifact_dir):
-    from workloads.trial import prepare_trial
-
     spec = TrialSpec.model_validate({**SPEC, "model": {"name": str(tiny_model_dir), "max_length": 64}})
     return spec, prepare_trial(spec).training
 
 
 def _recording(monkeypatch, losses: list):
     """Every loss the objective returns, detached, in order (the old code's per-batch values)."""
-    from workloads.training.objective import TrainingObjective
-
     forward = TrainingObjective.forward
 
     def recorded_forward(self, inputs, structure):
@@ -72,9 +74,6 @@ def _recording(monkeypatch, losses: list):
 
 
 def test_the_logged_train_loss_is_the_per_step_read_mean_and_survives_an_in_epoch_resume(tmp_path, monkeypatch, recorded):
-    from workloads.training import STATE_FILE, train_cross_encoder
-    from workloads.training.rerank import RerankEpochs
-
     spec, training = recorded
     accumulation = spec.optimization.gradient_accumulation
 
@@ -115,12 +114,6 @@ def test_a_step_reads_nothing_and_returns_what_the_per_step_read_gave(tiny_model
     """A step of 2 accumulated batches with a combined loss: its loss and its parts stay tensors
     (no host read in the step), equal bit for bit to 617b804's ``zeros(()) + loss.cpu() / k`` and
     its parts' ``0.0 + float(part) / k``."""
-    from workloads.batching import triples_to_batch
-    from workloads.losses import build_loss
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.spec import LossSpec
-    from workloads.training import TrainingObjective, accumulated_step, adamw
-
     rows = [{"query_id": q, "query": f"query {q}", "positive": f"the answer to {q}", "negative": f"nothing about {q}"}
             for q in "abcd"]
     torch.manual_seed(0)

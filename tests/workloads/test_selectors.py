@@ -2,15 +2,33 @@
 selector against hand computations, the softmax/exp equivalence, determinism, a selector
 that must learn a constructed task, and augmentation ordered by the selector's scores."""
 
+import json
+import os
 import random
 import shutil
+import socket
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from pydantic import ValidationError
 from torch import nn
 
-from workloads.selectors import AttentionSelector, LinearSelector, relaxed_topk, topk_mask
-from workloads.selectors.features import SentenceTokenizer, TokenizedText, collate
+from workloads.kinds import run_in_process
+from workloads.kinds.rerank.augmentation import select_sentences
+from workloads.kinds.rerank.augmentation.scorers import SCORERS, SUPERVISED_METHODS
+from workloads.kinds.rerank.augmentation.supervised import SelectorSpec
+from workloads.kinds.rerank.spec import AugmentationSpec, TrialSpec
+from workloads.kinds.rerank.steps import SelectorNotTrained, prepare_trial
+from workloads.kinds.selector import AttentionSelector, LinearSelector, relaxed_topk, topk_mask
+from workloads.kinds.selector.features import SentenceTokenizer, TokenizedText, collate
+from workloads.kinds.selector.select_and_rank import SelectAndRank
+from workloads.kinds.selector.steps import SelectorInputs, train_selector
+from workloads.kinds.selector.trial_spec import SelectorTrialSpec, selector_trial, trained_selector
 
 
 def _tokens(query: list[int], sentences: list[list[int]]) -> tuple[TokenizedText, TokenizedText]:
@@ -148,9 +166,6 @@ def _constructed_task(tmp_path, rows: int, seed: int):
     has two sentences with other rare words, and filler. With k = 1 the ranker can only tell
     them apart if the selector picks the sentence that shares the query's word: a selector that
     ignores the query can at best pick it in half the relevant documents."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rng = random.Random(seed)
     triples, sentences, candidates, qrels, run = [], {}, [], {}, {}
     for i in range(rows):
@@ -191,9 +206,6 @@ def _picks_the_shared_word(model, triples, sentences) -> float:
 def test_each_selector_can_learn_the_task_from_direct_supervision(tmp_path, method):
     """The selector alone, trained to pick the sentence with the query's word (cross-entropy on
     its scores): each architecture can represent "shares the rare word"; untrained, neither does."""
-    from workloads.selectors.select_and_rank import SelectAndRank
-    from workloads.selectors.spec import SelectorSpec
-
     triples, sentences, _ = _constructed_task(tmp_path, 96, seed=1)
     held_out, held_out_sentences, _ = _constructed_task(tmp_path, 60, seed=2)
     torch.manual_seed(0)
@@ -221,9 +233,6 @@ def test_a_linear_selector_learns_the_task_through_select_and_rank(tmp_path):
     test's budget). The attention selector, whose cosine scores in [-1, 1] make the relaxed
     top-k nearly uniform, did not learn this task within 5 epochs here (see the README)."""
     method = "linear"
-    from workloads.selectors.kind import SelectorTrialSpec
-    from workloads.selectors.select_and_rank import SelectAndRank
-    from workloads.selectors.training import SelectorInputs, train_selector
 
     triples, sentences, qrels = _constructed_task(tmp_path, 160, seed=1)
     held_out, held_out_sentences, _ = _constructed_task(tmp_path, 60, seed=2)
@@ -255,9 +264,6 @@ def test_a_linear_selector_learns_the_task_through_select_and_rank(tmp_path):
 
 
 def test_augmentation_keeps_the_k_best_sentences_by_descending_score_ties_by_position():
-    from workloads.augmentation import select_sentences
-    from workloads.augmentation.scorers import SCORERS, SUPERVISED_METHODS
-
     class Fixed:
         def score_sentences(self, query, sentences):
             return [0.1, 0.9, 0.5, 0.9, float("-inf")][: len(sentences)]
@@ -270,8 +276,6 @@ def test_augmentation_keeps_the_k_best_sentences_by_descending_score_ties_by_pos
 
 
 def _selector_trial(tiny_model_dir, **selector):
-    from workloads.spec import TrialSpec
-
     return TrialSpec.model_validate({
         "name": "sel", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 2},
@@ -283,10 +287,6 @@ def _selector_trial(tiny_model_dir, **selector):
 
 def test_a_trial_needs_its_trained_selector_and_a_trained_one_is_reused(tmp_path, tiny_model_dir, scifact_dir, monkeypatch,
                                                                         project_log):
-    from workloads.kinds import run_in_process
-    from workloads.selectors.kind import selector_trial, trained_selector
-    from workloads.trial import SelectorNotTrained, prepare_trial
-
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))  # no selector trained yet
     spec = _selector_trial(tiny_model_dir)
     with pytest.raises(SelectorNotTrained, match="linear selector is not trained"):
@@ -294,7 +294,6 @@ def test_a_trial_needs_its_trained_selector_and_a_trained_one_is_reused(tmp_path
     prepared, records, tested = run_in_process(spec, tmp_path / "run")  # trains it first, in-process
     selector = trained_selector(selector_trial(spec))
     assert selector is not None and (selector / "selector.safetensors").exists()
-    import pyarrow.parquet as pq
 
     rows = pq.read_table(prepared.training.augmentation_for(1)).to_pylist()
     assert all(r["sentences_kept"] == min(2, r["sentences_total"]) for r in rows)
@@ -313,9 +312,6 @@ def test_a_trial_needs_its_trained_selector_and_a_trained_one_is_reused(tmp_path
 
 
 def test_selector_specs_validate_at_the_edge():
-    from pydantic import ValidationError
-
-    from workloads.spec import AugmentationSpec
 
     assert AugmentationSpec(method="attention").selector.k == 20  # defaults when left out
     with pytest.raises(ValidationError, match="selector has no effect"):
@@ -328,21 +324,12 @@ def test_selector_specs_validate_at_the_edge():
 
 def _selector_ddp_worker(rank: int, world: int, port: int, data_dir: str, model_dir: str) -> None:
     """One of two gloo workers training a selector; saves what its model holds at the end."""
-    import os
-    from pathlib import Path
-
-    import torch.distributed as dist
-
-    from workloads.selectors.kind import SelectorTrialSpec
-    from workloads.selectors.training import SelectorInputs, train_selector
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     wrapped = []
     real = torch.nn.parallel.DistributedDataParallel
     torch.nn.parallel.DistributedDataParallel = lambda module, **kw: wrapped.append(module) or real(module, **kw)
     data = Path(data_dir)
-    import json
 
     qrels = json.loads((data / "qrels.json").read_text())
     spec = SelectorTrialSpec.model_validate({
@@ -362,11 +349,6 @@ def _selector_ddp_worker(rank: int, world: int, port: int, data_dir: str, model_
 def test_selector_training_keeps_data_parallel_workers_identical(tmp_path, tiny_model_dir):
     """Two gloo workers train on different halves of each epoch; DDP must keep the selector and
     the ranker (and the embeddings they share) identical on both."""
-    import json
-    import socket
-
-    import torch.multiprocessing as mp
-
     _, _, qrels = _constructed_task(tmp_path, 64, seed=1)
     (tmp_path / "qrels.json").write_text(json.dumps(qrels))
     with socket.socket() as s:
@@ -377,8 +359,6 @@ def test_selector_training_keeps_data_parallel_workers_identical(tmp_path, tiny_
     assert first.keys() == second.keys() and any(k.startswith("selector.project") for k in first)
     for key in first:
         assert torch.equal(first[key], second[key]), key
-    from workloads.selectors.select_and_rank import SelectAndRank
-    from workloads.selectors.spec import SelectorSpec
 
     torch.manual_seed(13)  # the workers' initialisation (the spec's seed)
     untrained = SelectAndRank.build("linear", SelectorSpec(k=1, dimension=8), str(tiny_model_dir), 32).state_dict()

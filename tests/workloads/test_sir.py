@@ -2,14 +2,23 @@
 per variant against hand computations, and the clear error of a step that does not fit."""
 
 import math
+import shutil
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
-from workloads.batching import lists_to_batch
+import workloads.training as training
+import workloads.training.step as step
+from orchestrator.sweep.tune import _is_out_of_memory
+from workloads.kinds import run_in_process as run_trial_in_process
+from workloads.kinds.rerank.batching import lists_to_batch
+from workloads.kinds.rerank.sir import compress_blocks, compressed_rows, conditional_log_probs, curriculum_loss, select_survivors
+from workloads.kinds.rerank.spec import SIRSpec, TrialSpec
+from workloads.kinds.rerank.steps import choose_epoch, prepare_trial
+from workloads.kinds.rerank.train import train_cross_encoder
 from workloads.losses import ModelOutputs, build_ranking_loss
-from workloads.sir import compress_blocks, compressed_rows, conditional_log_probs, curriculum_loss, select_survivors
-from workloads.spec import SIRSpec
+from workloads.models.cross_encoder import CrossEncoder, score_pairs
 
 SCORES = [2.0, 1.0, 3.0, -1.0]  # one block: the positive first, then three negatives
 
@@ -147,8 +156,6 @@ def test_the_curriculum_reaches_the_network_through_every_level():
 
 
 def test_sir_settings_are_checked():
-    from workloads.spec import TrialSpec
-
     def spec(sir, **sections):
         base = {"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, "loss": {"ranking": "sir"},
                 "training_data": {"negatives": 7, "size": 800}, "optimization": {"batching": "per_query", "batch_size": 16}}
@@ -168,11 +175,6 @@ def test_sir_settings_are_checked():
 
 
 def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
-    import workloads.training as training
-    import workloads.training.step as step
-    from workloads.spec import TrialSpec
-    from workloads.trial import prepare_trial
-
     spec = TrialSpec.model_validate({
         "name": "oom", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
@@ -187,8 +189,7 @@ def test_a_step_that_does_not_fit_names_the_settings_to_change(tmp_path, tiny_mo
     monkeypatch.setattr(step, "accumulated_step", too_big)
     with pytest.raises(training.StepOutOfMemoryError, match=r"lower optimization.batch_size .* or training_data.negatives "
                                                         r"\(block size\), set optimization.gradient_checkpointing: true"):
-        training.train_cross_encoder(spec, prepared.training, lambda *a: None)
-    from orchestrator.sweep.runner import _is_out_of_memory
+        train_cross_encoder(spec, prepared.training, lambda *a: None)
 
     assert issubclass(training.StepOutOfMemoryError, MemoryError) and _is_out_of_memory(training.StepOutOfMemoryError("x"))
 
@@ -227,8 +228,6 @@ def test_random_offline_selection_is_seeded_per_row_not_per_shard():
 
 
 def _staged_spec(tiny_model_dir, variant: str, epochs: int = 1):
-    from workloads.spec import TrialSpec
-
     return TrialSpec.model_validate({
         "name": f"sir-{variant}", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 20, "validation_depth": 5, "test_depth": 3},
@@ -241,11 +240,6 @@ def _staged_spec(tiny_model_dir, variant: str, epochs: int = 1):
 def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, stop_after: int | None = None):
     """Train in-process; returns the weights each stage's objective had at its first step,
     every epoch's metrics, and a copy of every checkpoint (raises after ``stop_after``)."""
-    import shutil
-
-    import workloads.training as training
-    import workloads.training.step as step
-
     first_weights, reports = {}, []
     real_step = step.accumulated_step
 
@@ -262,15 +256,13 @@ def _train_recording(spec, prepared, monkeypatch, tmp_path, resume_from=None, st
 
     monkeypatch.setattr(step, "accumulated_step", recording_step)
     try:
-        training.train_cross_encoder(spec, prepared.training, report, resume_from=resume_from)
+        train_cross_encoder(spec, prepared.training, report, resume_from=resume_from)
     except KeyboardInterrupt:
         pass
     return list(first_weights.values()), reports
 
 
 def _weights(checkpoint):
-    from workloads.models.cross_encoder import CrossEncoder
-
     return CrossEncoder.from_pretrained(str(checkpoint), 64).state_dict()
 
 
@@ -281,8 +273,6 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("variant", ["v1", "v2"])
 def test_staged_variants_start_each_compressor_from_the_right_weights(tmp_path, tiny_model_dir, scifact_dir, monkeypatch,
                                                                       variant):
-    from workloads.trial import choose_epoch, prepare_trial
-
     spec = _staged_spec(tiny_model_dir, variant)
     starts, reports = _train_recording(spec, prepare_trial(spec), monkeypatch, tmp_path)
     assert [(m["epoch"], m["stage"]) for m, _ in reports] == [(1, 1), (2, 2), (3, 3)]  # 1 + len(levels) stages
@@ -306,8 +296,6 @@ def test_staged_variants_start_each_compressor_from_the_right_weights(tmp_path, 
 
 
 def test_a_v1_trial_killed_in_stage_2_resumes_in_stage_2(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
-    from workloads.trial import prepare_trial
-
     spec = _staged_spec(tiny_model_dir, "v1", epochs=2)
     prepared = prepare_trial(spec)
     starts, first = _train_recording(spec, prepared, monkeypatch, tmp_path / "a", stop_after=3)
@@ -329,10 +317,6 @@ def test_tiny_sir_trials_in_process_tell_the_variants_apart(tmp_path, tiny_model
     the same in all three (same dropout draws), so the first step's loss is L_1 for V0 and
     L_1 plus a positive term for V3 (L_M) and V4 (every later level's CPR term), and V3 and V4
     differ."""
-    import workloads.training.step as step
-    from workloads.kinds import run_in_process as run_trial_in_process
-    from workloads.spec import TrialSpec
-
     first_loss = {}
     real_step = step.accumulated_step
 
@@ -360,16 +344,12 @@ def test_tiny_sir_trials_in_process_tell_the_variants_apart(tmp_path, tiny_model
 def test_a_trained_compressor_chooses_the_next_stage_by_its_own_scores(tmp_path, tiny_model_dir, scifact_dir, monkeypatch):
     """V2 with top selection: the negatives kept for stage 2 are, per row, the ones the stage-1
     compressor (its checkpoint, eval mode) scores highest, not a random draw."""
-    from workloads.models.cross_encoder import CrossEncoder, score_pairs
-    from workloads.trial import prepare_trial
-
     spec = _staged_spec(tiny_model_dir, "v2")
     spec = spec.model_copy(update={"sir": spec.sir.model_copy(update={"selection": "top"})})
     prepared = prepare_trial(spec)
     _, reports = _train_recording(spec, prepared, monkeypatch, tmp_path, stop_after=1)
     kept = torch.load(reports[0][1] / "training_state.pt", weights_only=False)["next_kept"]
     compressor = CrossEncoder.from_pretrained(str(reports[0][1]), 64).eval()
-    import pyarrow.parquet as pq
 
     rows = pq.read_table(prepared.training.training_set).to_pylist()
     assert len(kept) == len(rows)
@@ -384,8 +364,6 @@ def test_a_trained_compressor_chooses_the_next_stage_by_its_own_scores(tmp_path,
 def test_random_selection_seeds_do_not_collide_past_ten_thousand_rows():
     """Seeded once as seed * 1_000_003 + stage * 10_007 + row, row 10,007 of stage 0 drew exactly
     what row 0 of stage 1 drew (MS MARCO has 367k rows); a hash of the tuple draws independently."""
-    from workloads.sir import compress_blocks
-
     row = {"query": "q", "positive": "p", "negatives": [f"n{i}" for i in range(20)]}
 
     def flat(queries, documents):

@@ -9,7 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from workloads.spec import TrialSpec
+from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE, InEpochCheckpoints
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import prepare_trial
+from workloads.kinds.rerank.train import RerankEpochs, train_cross_encoder
 from workloads.training.spot import METADATA_ENV, POLL_ENV, SpotNotice
 
 TOKEN = "a-session-token"
@@ -90,10 +93,6 @@ def test_a_spot_notice_makes_the_running_trial_save_after_the_current_step(tmp_p
     """No ``checkpoint_every``: the only in-epoch save is the notice's, after step 2 of epoch 1
     (announced during that step); the attempt then dies in step 3 and the restarted one
     continues at step 3, not at the epoch's start."""
-    from workloads.training import STATE_FILE, train_cross_encoder
-    from workloads.training.rerank import InEpochCheckpoints, RerankEpochs
-    from workloads.trial import prepare_trial
-
     spec = TrialSpec.model_validate({
         "name": "spot", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},

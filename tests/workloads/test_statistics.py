@@ -1,6 +1,8 @@
 """Seeds, bootstrap intervals, direction, effect size and multiple-comparison corrections, against
 values computed here independently (numpy resampling, hand arithmetic) or published."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -60,8 +62,6 @@ def test_interval_over_queries_and_seeds_resamples_both():
 
 
 def test_identical_systems_have_a_zero_interval_without_a_warning():
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         interval = bootstrap_interval(np.zeros(10))

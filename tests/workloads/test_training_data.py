@@ -1,13 +1,24 @@
 """Size-N training sets: counts, determinism, nesting, validation carving."""
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 
-from workloads.data.collections import resolve_collection
-from workloads.errors import InputError
+from orchestrator.core.schema import trial_key
+from workloads.core.errors import InputError
+from workloads.data.resolve import resolve_collection
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import _training_queries
+from workloads.kinds.rerank.training_sets import (
+    build_training_set,
+    capped_validation_queries,
+    carve_validation_queries,
+    sample_triples,
+    select_size,
+)
 from workloads.retrieval.bm25 import read_trec_run, retrieve
 from workloads.retrieval.first_stage import FirstStageRun
-from workloads.training_sets import build_training_set, carve_validation_queries, sample_triples, select_size
 
 RUN = {
     "q1": {"p1": 9.0, "n1": 8.0, "n2": 7.0, "p2": 6.0, "n3": 5.0},
@@ -93,8 +104,6 @@ def test_scifact_size_n_sets_real(scifact_dir, monkeypatch):
 
 
 def test_a_validation_cap_draws_the_same_queries_whatever_the_trial():
-    from workloads.training_sets import capped_validation_queries
-
     ids = [f"q{i}" for i in range(5_193)]  # MS MARCO dev's size
     capped = capped_validation_queries(ids, 500)
     assert len(capped) == 500 == len(set(capped)) and set(capped) <= set(ids) and capped == sorted(capped)
@@ -104,8 +113,6 @@ def test_a_validation_cap_draws_the_same_queries_whatever_the_trial():
 
 
 def _beir_with_dev(root, dev_queries: int):
-    import json
-
     (root / "qrels").mkdir(parents=True)
     ids = {"train": range(0, 10), "dev": range(10, 10 + dev_queries), "test": range(100, 105)}
     (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{q}", "title": "", "text": f"document {q}"}) + "\n"
@@ -119,10 +126,6 @@ def _beir_with_dev(root, dev_queries: int):
 
 
 def test_a_validation_cap_applies_to_a_validation_split_and_keys_only_when_set(tmp_path):
-    from orchestrator.core.schema import trial_key
-    from workloads.spec import TrialSpec
-    from workloads.trial import _training_queries
-
     root = _beir_with_dev(tmp_path / "dev20", 20)
     base = {"name": "cap", "data": {"collection": str(root), "validation_split": "dev"}, "model": {"name": "m"}}
     spec = TrialSpec.model_validate(base)
@@ -140,8 +143,6 @@ def test_a_run_read_one_query_at_a_time_gives_the_same_rankings_and_triples(tmp_
     """A training split's run is read per query through an index of its lines (MS MARCO's is
     36.7M lines): the same rankings as reading it whole, for a file whose queries are
     interleaved, with blank lines, and for a query it does not rank."""
-    from workloads.retrieval.bm25 import read_trec_run
-
     path = tmp_path / "run.trec"
     lines = [f"q{q} Q0 d{d} {r} {10 - r + q * 0.5:.6f} t" for q in range(6) for r, d in enumerate(range(q, q + 8), 1)]
     lines = lines[:20] + [""] + lines[40:] + lines[20:40]  # q2's lines split in two places, q5 before q2-q4

@@ -3,15 +3,22 @@ are synchronised across data-parallel workers, exempt from weight decay and clip
 fused optimizer makes the multi-tensor one's update."""
 
 import os
+import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from transformers import AutoConfig, AutoModel
 
-from workloads.batching import triples_to_batch
+from workloads.kinds.rerank.batching import lists_to_batch, triples_to_batch
+from workloads.kinds.rerank.curriculum import CurriculumObjective
+from workloads.kinds.rerank.spec import LossSpec, SIRSpec
+from workloads.kinds.rerank.train import parameter_groups
 from workloads.losses import build_loss
-from workloads.spec import LossSpec
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.training import TrainingObjective, accumulated_step, adamw, optimization_step
 
 ROWS = [
     {"query_id": "a", "query": "what purrs", "positive": "cats purr when happy", "negative": "dogs bark at night",
@@ -27,23 +34,16 @@ NCA_LEARNED = LossSpec(contrastive="nca", nca_map="learned", lambda_=0.9)
 
 
 def make_objective(model_dir):
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.training import TrainingObjective
-
     model = CrossEncoder.from_pretrained(str(model_dir), max_length=32)
     return TrainingObjective(model, build_loss(NCA_LEARNED, model.encoder.config.hidden_size), None)
 
 
 def optimizer_for(objective, weight_decay):
-    from workloads.training import adamw, parameter_groups
-
     optimizer = adamw(parameter_groups(objective, weight_decay), lr=1e-2)  # the training loop's optimizer
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), torch.amp.GradScaler("cuda", enabled=False)
 
 
 def _ddp_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str, micro_batch_size=None) -> None:
-    from workloads.training import optimization_step
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(rank)  # the workers' own randomness (dropout) differs, as in real training
@@ -62,8 +62,6 @@ def _ddp_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str, 
 
 @pytest.mark.parametrize("micro_batch_size", [None, 3])
 def test_learned_nca_map_stays_identical_across_data_parallel_workers(tiny_model_dir, tmp_path, micro_batch_size):
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -75,8 +73,6 @@ def test_learned_nca_map_stays_identical_across_data_parallel_workers(tiny_model
 
 
 def test_learned_nca_map_is_not_decayed_and_is_clipped(tiny_model_dir):
-    from workloads.training import optimization_step
-
     torch.manual_seed(0)
     objective = make_objective(tiny_model_dir)
     optimizer, scheduler, scaler = optimizer_for(objective, weight_decay=0.5)
@@ -99,8 +95,6 @@ def test_learned_nca_map_is_not_decayed_and_is_clipped(tiny_model_dir):
 
 def _step_gradients(objective, inputs, structure, micro_batch_size, seed=0):
     """Every parameter's gradient after one step's backward (lr 0: the weights stay)."""
-    from workloads.training import optimization_step
-
     optimizer = torch.optim.SGD(objective.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     torch.manual_seed(seed)
@@ -137,11 +131,6 @@ def test_a_micro_batched_step_has_the_whole_steps_gradient(tiny_model_dir):
 
 def test_a_micro_batched_sir_step_has_the_whole_steps_gradient(tiny_model_dir):
     """SIR v4 scores every level in its own forward: each is replayed."""
-    from workloads.batching import lists_to_batch
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.spec import SIRSpec
-    from workloads.training import CurriculumObjective
-
     model = CrossEncoder.from_pretrained(str(tiny_model_dir), max_length=32)
     objective = CurriculumObjective(model, build_loss(LossSpec(ranking="sir"), 32), None,
                                     SIRSpec(variant="v4", levels=[4, 2]), "sir")
@@ -160,8 +149,6 @@ def test_fused_adamw_is_the_same_update(tiny_model_dir):
     """The loops' optimizer is fused on CPU and steps the parameters, both groups (decayed or
     not), exactly as torch's multi-tensor AdamW does, to float rounding; where a parameter's
     device has no fused kernel it falls back to torch's default."""
-    from workloads.training import adamw, parameter_groups
-
     torch.manual_seed(0)
     objectives = [make_objective(tiny_model_dir) for _ in range(2)]
     objectives[1].load_state_dict(objectives[0].state_dict())
@@ -185,10 +172,6 @@ def test_fused_adamw_is_the_same_update(tiny_model_dir):
 
 def _no_dropout_objective(model_dir, tmp_path):
     """A copy of the tiny model with dropout off, as a pointwise objective (BCE: a mean over pairs)."""
-    from transformers import AutoConfig, AutoModel
-
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.training import TrainingObjective
 
     path = tmp_path / "no-dropout"
     if not path.exists():
@@ -201,8 +184,6 @@ def _no_dropout_objective(model_dir, tmp_path):
 
 
 def test_k_accumulated_batches_make_the_update_of_one_batch_k_times_as_large(tiny_model_dir, tmp_path):
-    from workloads.training import accumulated_step
-
     plain = [{k: v for k, v in row.items() if not k.startswith("augmented")} for row in ROWS]
     updated = []
     for micro in ([plain], [plain[:2], plain[2:]], [plain[:1], plain[1:2], plain[2:3], plain[3:]]):
@@ -227,8 +208,6 @@ def test_k_accumulated_batches_make_the_update_of_one_batch_k_times_as_large(tin
 
 
 def _accumulating_worker(rank: int, world: int, model_dir: str, port: int, out_dir: str) -> None:
-    from workloads.training import accumulated_step
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(rank)
@@ -239,7 +218,6 @@ def _accumulating_worker(rank: int, world: int, model_dir: str, port: int, out_d
 
     def counting_hook(state, bucket):  # DDP's gradient all-reduce, per bucket
         synced_at.append(current[0])
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         return allreduce_hook(None, bucket)
 
@@ -256,8 +234,6 @@ def _accumulating_worker(rank: int, world: int, model_dir: str, port: int, out_d
 
 
 def test_data_parallel_accumulation_syncs_once_on_the_last_batch(tiny_model_dir, tmp_path):
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -272,8 +248,6 @@ def test_a_micro_batched_step_replays_each_micro_batchs_own_dropout(tiny_model_d
     """Micro-batches smaller than the step with dropout on: the gradient equals a plain chunked
     forward under the same RNG stream (each chunk draws its own masks, in order), which a replay
     of one chunk's RNG state for every chunk would not give."""
-    from workloads.training import TrainingObjective
-
     objective = make_objective(tiny_model_dir)
     batch = triples_to_batch(ROWS)  # 16 pairs
     pairs = objective.model.encode(batch.queries, batch.documents)

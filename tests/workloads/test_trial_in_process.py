@@ -1,10 +1,18 @@
 """The data plane runs a whole trial without Ray or MLflow: prepare, train, choose, test."""
 
+import shutil
+
 import pytest
+import torch
+from transformers import AutoConfig, AutoModel
 
 from workloads.kinds import run_in_process as run_trial_in_process
-from workloads.spec import TrialSpec
-from workloads.trial import choose_epoch
+from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE, InEpochCheckpoints
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import choose_epoch, prepare_trial
+from workloads.kinds.rerank.train import RerankEpochs, train_cross_encoder
+from workloads.models.cross_encoder import CrossEncoder
+from workloads.training import seed_everything
 
 
 def test_choose_epoch_is_the_best_validation_and_the_earlier_on_ties():
@@ -31,11 +39,6 @@ def test_a_tiny_trial_in_process(tmp_path, tiny_model_dir, scifact_dir):
 
 
 def test_early_stopping_ends_a_trial_without_progress_and_a_resume_trains_no_more(tmp_path, tiny_model_dir, scifact_dir):
-    import shutil
-
-    from workloads.training import train_cross_encoder
-    from workloads.trial import prepare_trial
-
     spec = TrialSpec.model_validate({
         "name": "early", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
@@ -70,9 +73,6 @@ def test_early_stopping_ends_a_trial_without_progress_and_a_resume_trains_no_mor
 def test_a_requested_stop_ends_training_after_the_current_step(tmp_path, tiny_model_dir, scifact_dir):
     """What a sweep's pruner relies on: the loop returns by itself (workers released), after
     the step during which the stop file appeared, without reporting the unfinished epoch."""
-    from workloads.training import train_cross_encoder
-    from workloads.trial import prepare_trial
-
     spec = TrialSpec.model_validate({
         "name": "stop", "data": {"collection": "beir/scifact", "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
@@ -99,14 +99,6 @@ def test_a_requested_stop_ends_training_after_the_current_step(tmp_path, tiny_mo
 def test_gradient_accumulation_in_the_loop_counts_optimizer_steps(tmp_path, tiny_model_dir, scifact_dir):
     """Batches of 4 pairs accumulated 2 at a time train like batches of 8: the same optimizer steps
     (and schedule), the same per-step losses (a mean loss, no dropout) and nearly the same weights."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    from workloads.models.cross_encoder import CrossEncoder
-    from workloads.training import STATE_FILE, train_cross_encoder
-    from workloads.trial import prepare_trial
 
     model_dir = tmp_path / "no-dropout"
     config = AutoConfig.from_pretrained(tiny_model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -136,7 +128,6 @@ def test_gradient_accumulation_in_the_loop_counts_optimizer_steps(tmp_path, tiny
     assert whole_steps == steps == 4  # 16 triples: 4 steps of 4 triples, or of 2 x 2 accumulated
     for a, b in zip(whole, accumulated):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
-    from workloads.training import seed_everything
 
     seed_everything(13)  # as the loop does before it builds the model: the head's initial weights
     start = CrossEncoder.from_pretrained(str(model_dir)).score_head.weight.detach()
@@ -145,8 +136,6 @@ def test_gradient_accumulation_in_the_loop_counts_optimizer_steps(tmp_path, tiny
 
 
 def _weights(directory):
-    from workloads.models.cross_encoder import CrossEncoder
-
     model = CrossEncoder.from_pretrained(str(directory))
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
@@ -157,13 +146,6 @@ def test_a_trial_killed_inside_an_epoch_resumes_at_the_next_batch_with_identical
     """A preempted node: the attempt dies during a step; the restarted one is given the last
     epoch checkpoint (as Ray Train does) and the in-epoch directory, continues after the saved
     step and ends with exactly the uninterrupted trial's weights and losses (CPU, fp32)."""
-    import shutil
-
-    import torch
-
-    from workloads.training import train_cross_encoder
-    from workloads.training.rerank import RerankEpochs
-    from workloads.trial import prepare_trial
 
     spec = TrialSpec.model_validate({
         "name": "preempted", "data": {"collection": "beir/scifact", "validation_queries": 5},
@@ -199,7 +181,6 @@ def test_a_trial_killed_inside_an_epoch_resumes_at_the_next_batch_with_identical
     state = torch.load(in_epoch / "training_state.pt", weights_only=False)
     killed_epoch = calls[-1][0]
     assert (state["epoch"], state["step"]) == (killed_epoch, 2)  # saved after step 2; step 3 was in flight
-    from workloads.training.rerank import InEpochCheckpoints
 
     # saved by 1 worker taking 4 steps an epoch: another split of the batches cannot go on from it
     assert InEpochCheckpoints(in_epoch, 2, None).load(killed_epoch, steps_per_rank=2) is None
@@ -222,8 +203,6 @@ def test_a_trial_killed_inside_an_epoch_resumes_at_the_next_batch_with_identical
 
 
 def test_in_epoch_checkpoints_by_minutes_are_decided_by_the_clock_and_never_after_the_last_step(tmp_path):
-    from workloads.training.rerank import InEpochCheckpoints
-
     by_time = InEpochCheckpoints(tmp_path, None, 1.0)
     assert not by_time.due(1, 10, 0, 1)
     by_time.last_saved -= 61

@@ -3,15 +3,25 @@
 import gzip
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import ir_measures
+import pyarrow.parquet as pq
 import pytest
 
-from workloads.data.collections import load_wikiqa_directory, resolve_collection
-from workloads.errors import InputError
+import workloads.kinds.rerank.train as training
+from orchestrator.lifecycle.targets import targets
+from tests.workloads.test_collections import write_beir
+from workloads.core.errors import InputError
+from workloads.data.collections import Collection
+from workloads.data.resolve import resolve_collection
+from workloads.data.wikiqa import load_wikiqa_directory
+from workloads.kinds import run_in_process as run_trial_in_process
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.kinds.rerank.steps import prepare_trial
 from workloads.retrieval.bm25 import read_trec_run
-from workloads.spec import TrialSpec
-from workloads.trial import prepare_trial
+from workloads.retrieval.first_stage import first_stage_run
+from workloads.spec import FirstStageSpec
 
 HEADER = "QuestionID\tQuestion\tDocumentID\tDocumentTitle\tSentenceID\tSentence\tLabel\n"
 
@@ -113,8 +123,6 @@ def _ir_measures(run_path: Path, qrels) -> dict[str, float]:
 
 
 def test_given_first_stage_re_ranks_the_collections_own_lists(tmp_path, tiny_model_dir):
-    import pyarrow.parquet as pq
-
     root = write_wikiqa(tmp_path / "wikiqa")
     prepared = prepare_trial(_trial(str(root), tiny_model_dir, {"method": "given"}))
     run = read_trec_run(Path(prepared.test_first_stage_run))
@@ -155,7 +163,6 @@ def test_first_stage_options_are_checked(tmp_path, tiny_model_dir):
     with pytest.raises(InputError, match="no such run file"):
         prepare_trial(_trial(str(write_wikiqa(tmp_path / "w")), tiny_model_dir, {"method": "run", "path": str(tmp_path / "no.trec")}))
     beir = tmp_path / "beir"
-    from tests.workloads.test_collections import write_beir
 
     write_beir(beir)
     with pytest.raises(InputError, match="no given candidates for split 'test'"):
@@ -166,9 +173,6 @@ def test_first_stage_options_are_checked(tmp_path, tiny_model_dir):
 def test_list_batches_train_a_trial_on_given_lists(tmp_path, tiny_model_dir, batching, monkeypatch):
     """A whole trial in-process on the hand-made WikiQA: the training loop composes the
     chosen batches (spied) and MHL + TML train on them."""
-    import workloads.training.rerank as training
-    from workloads.kinds import run_in_process as run_trial_in_process
-
     root = write_wikiqa(tmp_path / "wikiqa")
     seen = []
     real = training.make_batch
@@ -196,10 +200,6 @@ def test_list_batches_train_a_trial_on_given_lists(tmp_path, tiny_model_dir, bat
 def test_a_zero_shot_target_can_have_its_own_first_stage(tmp_path, tiny_model_dir):
     """Transfer from WikiQA (given lists) to a BEIR collection (no lists: BM25 there): the
     target's test side uses its own first stage; the training side stays the trial's."""
-    from orchestrator.core.lifecycle import targets
-    from tests.workloads.test_collections import write_beir
-    from workloads.spec import FirstStageSpec
-
     root = write_wikiqa(tmp_path / "wikiqa")
     beir = write_beir(tmp_path / "beir")
     spec = _trial(str(root), tiny_model_dir, {"method": "given"})
@@ -216,15 +216,8 @@ def test_scoreddocs_streams_the_run_a_collection_ships(monkeypatch, tmp_path):
     """first_stage scoreddocs: an ir_datasets collection's own run (MS MARCO document's official
     top-100), read through ir_datasets (here a stand-in: nothing is downloaded), restricted to the
     asked queries, cut to k with trec_eval's tie order; a split without a run is one line."""
-    from types import SimpleNamespace
-
     import ir_datasets
 
-    from workloads.data.collections import Collection
-    from workloads.errors import InputError
-    from workloads.retrieval.bm25 import read_trec_run
-    from workloads.retrieval.first_stage import first_stage_run
-    from workloads.spec import FirstStageSpec
 
     scored = [("q1", "a", 3.0), ("q1", "b", 5.0), ("q1", "c", 5.0), ("q2", "a", 1.0), ("q3", "d", 2.0), ("q3", "e", 9.0)]
     subsets = {"stand-in/train": SimpleNamespace(has_qrels=lambda: True, has_scoreddocs=lambda: True,
@@ -248,10 +241,6 @@ def test_rm3_first_stage_finds_what_the_feedback_terms_match(tmp_path, monkeypat
     """RM3 expands the query with terms of its top documents: here the one document that says
     "purr" also says "felines", so RM3 also retrieves the document about felines that BM25,
     matching "purr" only, never ranks."""
-    from tests.workloads.test_collections import write_beir
-    from workloads.retrieval.first_stage import first_stage_run
-    from workloads.spec import FirstStageSpec
-
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
     # (Anserini's relevance model skips terms in more than a tenth of the documents: filler makes
     # "felines" rare enough to be fed back)

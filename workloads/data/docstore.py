@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from workloads.core.errors import InputError
+from workloads.core.logs import get_logger
+from workloads.core.paths import atomic_path, exclusive
 from workloads.data.document import Document
-from workloads.errors import InputError
-from workloads.logs import get_logger
-from workloads.paths import atomic_path, exclusive
 
 BATCH_ROWS = 8192
 STORE_VERSION = 1

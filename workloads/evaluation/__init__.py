@@ -26,6 +26,7 @@ MEASURES: dict[str, str] = {
     "p_at_1": "P(rel={rel})@1",
     # first-stage quality (query expansion): recall, and top-k accuracy (a relevant document in the top k)
     "recall_at_100": "R(rel={rel})@100",
+    "recall_at_1000": "R(rel={rel})@1000",
     "success_at_5": "Success(rel={rel})@5",
     "success_at_20": "Success(rel={rel})@20",
     "success_at_100": "Success(rel={rel})@100",
@@ -36,7 +37,7 @@ RETRIEVAL_MEASURES = ("ndcg_at_10", "recall_at_100", "success_at_5", "success_at
 PRIMARY_METRIC = "ndcg_at_10"
 DISPLAY_NAMES = {
     "ndcg_at_10": "nDCG@10", "ndcg_at_20": "nDCG@20", "rr_at_10": "RR@10", "rr_at_100": "RR@100",
-    "ap": "AP", "map_at_20": "MAP@20", "p_at_1": "P@1", "recall_at_100": "R@100", "success_at_5": "S@5",
+    "ap": "AP", "map_at_20": "MAP@20", "p_at_1": "P@1", "recall_at_100": "R@100", "recall_at_1000": "R@1000", "success_at_5": "S@5",
     "success_at_20": "S@20", "success_at_100": "S@100",
 }
 

@@ -24,6 +24,7 @@ from workloads.losses.ctriplet import RankingCTriplet
 from workloads.losses.infonce import RankingInfoNCE
 from workloads.losses.lambdaloss import LambdaLoss
 from workloads.losses.listwise import ListwiseSoftmax, SIRLoss
+from workloads.losses.margin_mse import MarginMSE
 from workloads.losses.mhl import MaxHinge
 from workloads.losses.nca import RankingNCA
 from workloads.losses.pairwise import PairwiseHinge
@@ -38,6 +39,7 @@ RANKING_LOSSES: dict[str, type[PairLoss]] = {
     ListwiseSoftmax.name: ListwiseSoftmax,
     SIRLoss.name: SIRLoss,
     LambdaLoss.name: LambdaLoss,
+    MarginMSE.name: MarginMSE,
 }
 CONTRASTIVE_LOSSES: dict[str, type[PairLoss]] = {
     RankingSCL.name: RankingSCL,

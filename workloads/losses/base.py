@@ -1,7 +1,8 @@
 """The interface every loss follows (after sentence-transformers' cross-encoder losses).
 
 ``forward(outputs, structure)`` takes the model's outputs (scores and Phi) and the batch's
-structure, and returns a scalar. ``config`` holds the hyper-parameters (logged with runs).
+structure (:class:`PairStructure`: which pairs share a query, which are relevant), and
+returns a scalar. ``config`` holds the hyper-parameters (logged with runs).
 A batch in which a loss has nothing to compare (e.g. no negative for any positive) gives a
 zero that keeps the graph, and is counted in ``degenerate_batches``; never NaN.
 
@@ -32,7 +33,31 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from workloads.batching import PairStructure
+
+@dataclass
+class PairStructure:
+    """Per-pair facts of a batch, aligned with the model's outputs (all tensors of length B)."""
+
+    labels: torch.Tensor      # float: 1.0 relevant, 0.0 not
+    query_ids: torch.Tensor   # long: the same number for pairs of the same query (within the batch)
+    triple_ids: torch.Tensor  # long: pairs made from the same (q, d+, d-) triple
+    augmented: torch.Tensor   # bool: produced by an augmenter
+    source: torch.Tensor      # long: index of the original pair an augmented pair was made from, else -1
+    # float: a teacher's score of each pair (mined rows keep their miner's scores; NaN: none), else None
+    teacher: torch.Tensor | None = None
+
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.labels, self.query_ids, self.triple_ids, self.augmented, self.source, self.teacher
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> PairStructure:
+        return PairStructure(*(t if t is None else t.to(device, non_blocking=non_blocking) for t in self._tensors()))
+
+    def pin_memory(self) -> PairStructure:
+        """Page-locked copies: a blocking copy to the GPU would wait for the GPU's queued work."""
+        return PairStructure(*(t if t is None else t.pin_memory() for t in self._tensors()))
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
 
 
 @dataclass

@@ -10,7 +10,7 @@ is its relevant pair. ``P`` is the softmax of the block's scores.
 Both are means over the blocks of the batch; a block without a negative compares nothing
 (a batch of only such blocks is degenerate). The per-distribution forms
 (:func:`listwise_terms`, :func:`sir_terms`) are what the SIR curriculum applies to each
-level's (or conditional) probabilities (``workloads.sir``).
+level's (or conditional) probabilities (``workloads.kinds.rerank.sir``).
 """
 
 from __future__ import annotations

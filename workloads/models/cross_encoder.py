@@ -29,8 +29,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from workloads.errors import InputError
-from workloads.tokenized import TokenizedPairs, cut_documents, pad_stored, tokenize_pairs, tokenized_pairs
+from workloads.core.errors import InputError
+from workloads.core.paths import cache_dir, stable_key
+from workloads.text.tokenized import TokenizedPairs, cut_documents, pad_stored, tokenize_pairs, tokenized_pairs
 
 # Per-shard progress bars and load reports (the unused pooler we drop) drown the trial's own progress.
 transformers.logging.disable_progress_bar()
@@ -62,8 +63,6 @@ def require_model_available(name: str, field: str = "model.name") -> None:
     exist, or a Hugging Face id that is not in the local cache while downloads are off
     (``HF_HUB_OFFLINE=1``) or the Hub cannot be reached. Called before a trial computes anything.
     ``field``: the setting that names the model, for the message."""
-    import os
-
     path = resolve_model_name(name)
     if Path(path).expanduser().exists():
         return
@@ -112,7 +111,6 @@ def fetch_model(name: str) -> str | None:
     if Path(path).expanduser().exists():
         return None
     require_model_available(name)
-    import os
 
     from huggingface_hub import list_repo_files, snapshot_download
 
@@ -190,8 +188,8 @@ class CrossEncoder(nn.Module):
 
         ``longest_first`` removes tokens from the longer side: the document, until a query
         longer than the document's remainder would make ``only_second`` fail outright.
-        ``tokenized``: the pairs' stored ids (``workloads.tokenized``), the same tensors
-        without tokenizing again, padded with numpy (:func:`~workloads.tokenized.pad_stored`);
+        ``tokenized``: the pairs' stored ids (``workloads.text.tokenized``), the same tensors
+        without tokenizing again, padded with numpy (:func:`~workloads.text.tokenized.pad_stored`);
         pairs it does not hold are tokenized here.
 
         With :attr:`fixed_shapes` (compiled for fixed shapes, :func:`compile_encoder`) every
@@ -352,7 +350,6 @@ def cpu_bf16_speedup() -> float:
     name, flags = _cpu_flags()
     if not cpu_has_native_bf16():
         return 0.0
-    from workloads.paths import cache_dir, stable_key
 
     # The flags belong to the key: VMs report the same model name ("Intel(R) Xeon(R) Processor")
     # with and without AMX exposed, and bf16 ran 0.8x fp32 on one and 9x on the other.
@@ -391,7 +388,7 @@ def require_compiler() -> None:
     writes C++ and compiles it on first use with the compiler its own setting names (``CXX``,
     else g++; clang++ on macOS), so a machine without one would fail at a trial's first step
     with a compiler's traceback."""
-    from torch._inductor import config as inductor_config
+    from torch._inductor import config as inductor_config  # noqa: PLC0415  (lazy: inductor loads seconds of modules; only compile needs it)
 
     candidates = [name for name in inductor_config.cpp.cxx if name]  # None: a conda install inductor does only on request
     if not any(shutil.which(name) for name in candidates):

@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from workloads.core.errors import InputError
+from workloads.core.logs import get_logger
+from workloads.core.paths import atomic_path, cache_dir, exclusive, stable_key
 from workloads.data.collections import Collection
-from workloads.errors import InputError
-from workloads.logs import get_logger
-from workloads.paths import atomic_path, cache_dir, exclusive, stable_key
 
 # (where the jar is and which prebuilt index a collection has: read without Java, re-exported here)
 from workloads.retrieval.prebuilt import BUILD, PREBUILT, anserini_jar, check_prebuilt_index, prebuilt_index_name

@@ -1,6 +1,8 @@
 """The first stage: where the candidates to re-rank (and the training negatives) come from.
 
-``FIRST_STAGES`` is the registry, keyed by ``first_stage.method``:
+``FIRST_STAGES`` is the registry, keyed by ``first_stage.method``; each entry
+(:class:`FirstStageMethod`) declares the ``FirstStageSpec`` fields it reads and needs, its
+label, what it requires first and how it is keyed. The built-in entries:
 
 - ``bm25``: Pyserini BM25 over the corpus (:mod:`workloads.retrieval.bm25`; the default),
   indexed here or, with ``index: prebuilt``, Pyserini's prebuilt index of the collection;
@@ -10,12 +12,13 @@
   their given order (:attr:`workloads.data.collections.Collection.given`);
 - ``scoreddocs``: the run an ir_datasets collection ships for the split (MS MARCO
   document's official top-100 for train and dev), streamed one query at a time;
-- ``ear``: what an EAR trial (``first_stage.run``, its trial file) retrieved with each query's
-  chosen expansion (:mod:`workloads.expansion`): query reranking, then document re-ranking;
-  the EAR trial is a requirement of the re-ranking trial, trained first;
 - ``run``: any TREC run file (``first_stage.path``), e.g. the official top-100 runs AUG
   re-ranked; a query the file does not rank has no candidates (it counts 0 in evaluation,
   trec_eval ``-c``) and gives no training triple.
+
+Trial kinds register the first stages they serve (``TrialKind.first_stages``, registered with
+the kind in ``workloads.kinds.TRIAL_KINDS``): what a kept trial of theirs retrieved, its trial
+file in ``first_stage.run`` (EAR's, :mod:`workloads.kinds.ear.first_stage`).
 
 Each writes the run of the asked queries, cut to ``k``, as a TREC file in the cache (keyed
 by content) and returns its path; :func:`first_stage_run` hands it on as a
@@ -27,12 +30,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from workloads.data.collections import Collection, remembered_file_hash, resolve_collection, scored_documents
-from workloads.errors import InputError, RequirementNotTrained
-from workloads.logs import get_logger
-from workloads.paths import cache_dir, stable_key
+from workloads.core.errors import InputError
+from workloads.core.logs import get_logger
+from workloads.core.paths import cache_dir, stable_key
+from workloads.data.collections import Collection
+from workloads.data.identity import local_directory, remembered_file_hash
+from workloads.data.irds import scored_documents
 from workloads.retrieval.bm25 import (
     BM25Params,
     RM3Params,
@@ -100,7 +107,7 @@ def _query_blocks(path: Path) -> dict[str, list[tuple[int, int]]]:
     return blocks
 
 
-def _top(run: Run, queries: dict[str, str], k: int) -> Run:
+def top_k(run: Run, queries: dict[str, str], k: int) -> Run:
     out = {}
     for qid in queries:
         docs = sorted(run.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))[:k]
@@ -109,7 +116,7 @@ def _top(run: Run, queries: dict[str, str], k: int) -> Run:
     return out
 
 
-def _cached(make: Callable[[], Run], kind: str, *key_parts: object) -> Path:
+def cached_run(make: Callable[[], Run], kind: str, *key_parts: object) -> Path:
     """The run cached under these key parts; ``make`` computes it only when it is not cached."""
     path = cache_dir() / "runs" / f"{kind}-{stable_key(*key_parts)}.trec"
     if not path.exists():
@@ -133,7 +140,7 @@ def given(collection: Collection, split: str, queries: dict[str, str], k: int, s
     if missing:
         raise InputError(collection.name, f"{len(missing)} queries of split '{split}' have no given candidates "
                                           f"(e.g. '{missing[0]}')")
-    return _cached(lambda: _top(lists, queries, k), "given", collection.fingerprint, split, sorted(queries), k)
+    return cached_run(lambda: top_k(lists, queries, k), "given", collection.fingerprint, split, sorted(queries), k)
 
 
 def run_file(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
@@ -141,7 +148,7 @@ def run_file(collection: Collection, split: str, queries: dict[str, str], k: int
     if not path.is_file():
         raise InputError(spec.path, "first_stage path: no such run file")
     def make() -> Run:  # parsed only when this (file, queries, k) is not cached yet
-        ranked = _top(read_trec_run(path), queries, k)
+        ranked = top_k(read_trec_run(path), queries, k)
         if not ranked:
             raise InputError(path, f"ranks none of the {len(queries):,} queries of {collection.name} {split}")
         if len(ranked) < len(queries):
@@ -149,7 +156,7 @@ def run_file(collection: Collection, split: str, queries: dict[str, str], k: int
                                               f"{collection.name} {split}; the others have no candidates")
         return ranked
 
-    return _cached(make, "run", remembered_file_hash(path), sorted(queries), k)
+    return cached_run(make, "run", remembered_file_hash(path), sorted(queries), k)
 
 
 def scoreddocs(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
@@ -179,45 +186,69 @@ def _grouped(scored: Iterator[tuple[str, str, float]], wanted: set[str], source:
         yield current, ranking
 
 
-class EarNotTrained(RequirementNotTrained):
-    """A re-ranking trial's first stage is an EAR trial that has not finished yet."""
+@dataclass(frozen=True)
+class FirstStageMethod:
+    """One ``first_stage.method``: how it retrieves and what it declares.
+
+    ``retrieve(collection, split, queries, k, first_stage)`` writes the run (a TREC file in the
+    cache) and returns its path. ``fields``: the ``FirstStageSpec`` fields it reads besides the
+    depths, each with a few words on what it holds; ``needs``: those it cannot do without, with
+    the words its error gives. ``label``: its row in ``orchestrate run``'s tables.
+    ``searches_index``: it searches a BM25 index (``index`` names it; preflight checks prebuilt
+    names). ``requires(first_stage)``: trial specs that must be finished first (a kind's kept
+    trial). ``identity(first_stage)``: what a reading trial's key holds in place of the file in
+    ``run`` (None: nothing). ``check(first_stage, collection, split, where)``: raise
+    ``InputError`` when it can never serve that data. ``refuses(trial)``: why a re-ranking
+    trial's other settings cannot read it (None: they can)."""
+
+    name: str
+    retrieve: Callable[[Collection, str, dict[str, str], int, Any], Path]
+    label: str
+    fields: dict[str, str] = field(default_factory=dict)
+    needs: dict[str, str] = field(default_factory=dict)
+    searches_index: bool = False
+    requires: Callable[[Any], list] = lambda first_stage: []
+    identity: Callable[[Any], str | None] = lambda first_stage: None
+    check: Callable[[Any, str, str, str], None] = lambda first_stage, collection, split, where: None
+    refuses: Callable[[Any], str | None] = lambda trial: None
 
 
-def ear(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
-    from workloads.expansion.kind import RUN_FILE, ear_dir, load_ear_trial, trained_ear
-
-    trial = load_ear_trial(spec.run)
-    if resolve_collection(trial.data.collection).fingerprint != collection.fingerprint:
-        raise InputError(spec.run, f"EAR trial {trial.name} ranks {trial.data.collection}, not {collection.name}: an EAR "
-                                   "first stage serves its own collection's trials")
-    kept = trained_ear(trial)
-    if kept is None:
-        raise EarNotTrained(spec.run, f"EAR trial {trial.name} is not trained yet ({ear_dir(trial)}): `orchestrate run` "
-                                      "and `orchestrate sweep` train it first")
-    path = kept / RUN_FILE
-
-    def make() -> Run:
-        ranked = _top(read_trec_run(path), queries, k)
-        if not ranked:
-            raise InputError(spec.run, f"EAR trial {trial.name} ranked none of the {len(queries):,} queries of "
-                                       f"{collection.name} {split}: give both trials the same data")
-        if len(ranked) < len(queries):
-            get_logger("first-stage").warning(f"EAR trial {trial.name} ranks {len(ranked):,} of {len(queries):,} queries "
-                                              f"of {collection.name} {split}; the others have no candidates")
-        return ranked
-
-    return _cached(make, "ear", remembered_file_hash(path), sorted(queries), k)
+FIRST_STAGES: dict[str, FirstStageMethod] = {}
 
 
-FIRST_STAGES: dict[str, FirstStage] = {"bm25": bm25, "rm3": rm3, "given": given, "run": run_file, "scoreddocs": scoreddocs,
-                                       "ear": ear}
+def register_first_stage(method: FirstStageMethod) -> None:
+    """Add a first stage (a trial kind's, through ``workloads.kinds``); a name is registered once."""
+    known = FIRST_STAGES.get(method.name)
+    if known is not None and known != method:
+        raise ValueError(f"first stage '{method.name}' is registered twice")
+    FIRST_STAGES[method.name] = method
+
+
+def _no_shipped_run(first_stage, collection: str, split: str, where: str) -> None:
+    if local_directory(collection) is not None:
+        raise InputError(f"{where}.method", f"scoreddocs reads the run an ir_datasets collection ships; "
+                                            f"{collection} is a local collection, which ships none: use bm25, or "
+                                            "method run with a TREC run file")
+
+
+_BM25_FIELDS = {"k1": "BM25's k1", "b": "BM25's b", "index": "the index searched"}
+for _method in (
+    FirstStageMethod("bm25", bm25, "BM25", fields=_BM25_FIELDS, searches_index=True),
+    FirstStageMethod("rm3", rm3, "BM25+RM3", searches_index=True,
+                     fields={**_BM25_FIELDS, "fb_terms": "expansion terms", "fb_docs": "feedback documents",
+                             "original_query_weight": "the original query's weight"}),
+    FirstStageMethod("given", given, "given order"),
+    FirstStageMethod("run", run_file, "run file", fields={"path": "a TREC run file"}, needs={"path": "a TREC run file"}),
+    FirstStageMethod("scoreddocs", scoreddocs, "shipped run", check=_no_shipped_run),
+):
+    register_first_stage(_method)
 
 
 def first_stage_run(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> FirstStageRun:
     """The candidates of ``queries`` (from ``split`` of ``collection``) under ``spec`` (a FirstStageSpec)."""
     if not queries:
         raise InputError(collection.name, f"no queries in split '{split}'")
-    return FirstStageRun(FIRST_STAGES[spec.method](collection, split, queries, k, spec))
+    return FirstStageRun(FIRST_STAGES[spec.method].retrieve(collection, split, queries, k, spec))
 
 
-__all__ = ["FIRST_STAGES", "EarNotTrained", "FirstStageRun", "first_stage_run"]
+__all__ = ["FIRST_STAGES", "FirstStageMethod", "FirstStageRun", "cached_run", "first_stage_run", "register_first_stage", "top_k"]

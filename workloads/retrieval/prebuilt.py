@@ -18,7 +18,7 @@ import zipfile
 from functools import cache
 from pathlib import Path
 
-from workloads.errors import InputError
+from workloads.core.errors import InputError
 
 BM25_TYPE = "inverted"
 

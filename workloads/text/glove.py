@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.errors import InputError
-from workloads.paths import data_dir
+from workloads.core.errors import InputError
+from workloads.core.paths import data_dir
 
 
 def resolve_glove_path(glove_path: str) -> Path:

@@ -24,8 +24,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from workloads.core.logs import get_logger
 from workloads.evaluation import PRIMARY_METRIC
-from workloads.logs import get_logger
 
 PROGRESS_FILE = "progress.json"
 SELECTION_METRIC = f"val_{PRIMARY_METRIC}"  # every epoch is chosen on validation nDCG@10, never on test

@@ -1,14 +1,14 @@
 """The training objective: the encoder and its loss as one module (what data-parallel
-training wraps), SIR's curriculum objective, and GradCache's micro-batched forwards."""
+training wraps), and GradCache's micro-batched forwards. (SIR's curriculum objective is the
+re-ranking kind's: :mod:`workloads.kinds.rerank.curriculum`.)"""
 
 from __future__ import annotations
 
 import torch
 
-from workloads.batching import PairStructure
 from workloads.losses import ModelOutputs, PairLoss
+from workloads.losses.base import PairStructure
 from workloads.models.cross_encoder import CrossEncoder
-from workloads.sir import curriculum_loss
 
 
 class TrainingObjective(torch.nn.Module):
@@ -40,24 +40,6 @@ class TrainingObjective(torch.nn.Module):
     def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
         scores, phi = self.pairs(inputs)
         return self.loss_fn(ModelOutputs(scores, phi), structure)
-
-
-class CurriculumObjective(TrainingObjective):
-    """SIR's levels in one forward of the objective (``workloads.sir``): level 1 scores every
-    pair of the batch's blocks, each later level re-scores its survivors. One objective
-    forward per step keeps data-parallel training to one forward per backward."""
-
-    def __init__(self, model: CrossEncoder, loss_fn: PairLoss, amp_dtype: torch.dtype | None, sir, ranking: str) -> None:
-        super().__init__(model, loss_fn, amp_dtype)
-        self.sir, self.ranking = sir, ranking
-        self.generator: torch.Generator | None = None  # set per step by the loop (random selection)
-
-    def forward(self, inputs: dict[str, torch.Tensor], structure: PairStructure) -> torch.Tensor:
-        def score(index: torch.Tensor) -> torch.Tensor:
-            return self.pairs({k: v[index] for k, v in inputs.items()})[0]
-
-        first = self.pairs(inputs)[0]
-        return curriculum_loss(score, first, structure, self.sir, self.ranking, self.generator)
 
 
 def _rng_state(device: torch.device):
@@ -121,7 +103,6 @@ class MicroBatchedPairs:
                 if outputs:
                     torch.autograd.backward(outputs, grads)
         _set_rng_state(self.device, after)
-
 
 
 def load_loss_state(loss_fn: PairLoss, state: dict) -> None:

@@ -4,7 +4,7 @@ AWS announces the interruption of a spot instance about two minutes ahead at
 ``/latest/meta-data/spot/instance-action`` (404 while none is announced). A GPU worker polls
 it in a daemon thread (IMDSv2: a session token first, by PUT); when a notice comes, the
 training loop saves its state inside the epoch after the step in flight
-(:class:`workloads.training.rerank.InEpochCheckpoints`), so the restarted attempt loses at
+(:class:`workloads.kinds.rerank.in_epoch_checkpoints.InEpochCheckpoints`), so the restarted attempt loses at
 most that step instead of everything since the last save.
 
 ``ORCHESTRATE_INSTANCE_METADATA`` names another metadata endpoint (tests run a fake one on
@@ -24,7 +24,7 @@ import urllib.request
 
 import torch
 
-from workloads.logs import get_logger
+from workloads.core.logs import get_logger
 
 METADATA_ENV = "ORCHESTRATE_INSTANCE_METADATA"
 POLL_ENV = "ORCHESTRATE_SPOT_POLL_SECONDS"

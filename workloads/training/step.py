@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads.batching import PairStructure
+from workloads.losses.base import PairStructure
 from workloads.training.loop import rank_and_world, rank_generators, restore_generators
 from workloads.training.objective import MicroBatchedPairs, TrainingObjective
 

@@ -1,0 +1,81 @@
+"""The trial kinds' declarations and the first-stage registry are what the control plane asks:
+a kind's searched parameters become the sweep's search space and land where they declare, a
+registered first stage is validated and keyed from its entry, and no module outside the kinds'
+packages names a kind."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.schema import trial_key
+from orchestrator.sweep.grid import SearchSpec, apply_params
+from workloads.kinds import TRIAL_KINDS, kind_of
+from workloads.kinds.ear.spec import EarTrialSpec
+from workloads.kinds.rerank.spec import TrialSpec
+from workloads.retrieval.first_stage import FIRST_STAGES, FirstStageMethod
+from workloads.spec import FirstStageSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
+
+
+def test_every_searched_parameter_is_in_the_search_space_and_lands_where_declared():
+    examples = {"rerank": TrialSpec.model_validate({**BASE, "augmentation": {"method": "bm25"},
+                                                    "loss": {"contrastive": "scl"}}),
+                "ear": EarTrialSpec.model_validate({**BASE, "kind": "ear"})}
+    for name, spec in examples.items():
+        kind = TRIAL_KINDS[name]
+        assert kind_of(spec) is kind and kind.searched
+        for parameter in kind.searched:
+            assert parameter.name in SearchSpec.model_fields, f"{name}: {parameter.name} cannot be searched"
+            if parameter.name not in kind.searched_names(spec):
+                continue
+            data = spec.model_dump(mode="json")
+            for part in parameter.path:
+                data = data[part]
+            changed = apply_params(spec, {parameter.name: data + 1 if isinstance(data, int) else data * 1.5})
+            value = changed.model_dump(mode="json")
+            for part in parameter.path:
+                value = value[part]
+            assert value != data, f"{name}: {parameter.name} did not reach {'.'.join(parameter.path)}"
+    # EAR's searched alpha, max_rank and n are the EAR kind's declarations
+    assert {p.name: p.path for p in TRIAL_KINDS["ear"].searched} == {
+        "learning_rate": ("ear", "learning_rate"), "alpha": ("ear", "alpha"), "max_rank": ("ear", "max_rank"),
+        "n": ("expansion", "n")}
+
+
+def test_a_registered_first_stage_is_validated_and_keyed_from_its_entry(monkeypatch):
+    bm25 = trial_key(TrialSpec.model_validate(BASE))
+    with pytest.raises(ValueError, match="Input should be 'bm25', 'rm3'"):
+        FirstStageSpec(method="toy")
+    monkeypatch.setitem(FIRST_STAGES, "toy", FirstStageMethod("toy", lambda *args: None, "toy run",
+                                                              fields={"path": "a toy file"}, needs={"path": "a toy file"}))
+    with pytest.raises(ValueError, match=r"method 'toy' needs path \(a toy file\)"):
+        FirstStageSpec(method="toy")
+    with pytest.raises(ValueError, match="k1 and b belong to bm25, rm3"):
+        FirstStageSpec(method="toy", path="p", k1=2.0)
+    toy = TrialSpec.model_validate({**BASE, "first_stage": {"method": "toy", "path": "p"}})
+    assert FirstStageSpec(method="toy", path="p").unread_fields() >= {"run", "index", "fb_terms"}
+    assert trial_key(TrialSpec.model_validate(BASE)) == bm25 == "761b677795444a3d"  # a new entry changes no key
+    assert trial_key(toy) != bm25
+
+
+# Lines outside workloads/kinds/ that may name a kind: none is a branch on a kind.
+_ALLOWED = {("workloads/evaluation/reranking.py", 'label: str = "rerank"')}  # a progress label (the verb)
+
+
+def test_no_module_outside_the_kinds_names_a_kind():
+    """Everything the control plane and the shared layers know of a kind they ask its
+    declaration (``TrialKind``), never its name."""
+    names = re.compile(r'"(ear|selector|rerank)"|EarTrialSpec|SelectorTrialSpec')
+    found = []
+    for package in ("orchestrator", "workloads"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative.startswith("workloads/kinds/"):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if names.search(line) and not any(relative == f and allowed in line for f, allowed in _ALLOWED):
+                    found.append(f"{relative}:{number}: {line.strip()}")
+    assert found == []

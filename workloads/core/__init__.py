@@ -1,0 +1,1 @@
+"""The ground floor of the data plane: errors, logging, paths and seeds (imports nothing of the project)."""

@@ -1,0 +1,135 @@
+"""The dense kind's training objectives: in-batch contrastive (DPR / SimCSE) and DiffCSE's
+conditional replaced-token detection (RTD).
+
+``L = L_contrast + rtd_lambda * L_RTD`` (DiffCSE, chapter 2 of Chuang's thesis):
+
+- :func:`in_batch_contrastive`: row i's anchor (a query, or a sentence) against every row's
+  positive and every hard negative of the batch, cosine similarity over a temperature, cross
+  entropy on the anchor's own positive: SimCSE's loss, and DPR's with hard negatives.
+  (Not the registry's ``infonce``: that one contrasts re-ranking pairs with their augmented
+  views, and its denominator runs over every other pair of the batch, anchors included:
+  SimCLR's NT-Xent, another sum.)
+- :class:`ProjectionPooler`: the training-time MLP with BatchNorm on the embedding (the
+  authors' ``ProjectionMLP``); dropped at test time.
+- RTD: a share (``masking_ratio``) of each text's tokens is masked, a frozen generator fills
+  them (:mod:`workloads.kinds.dense.generator`), and a discriminator of the encoder's
+  architecture predicts for every real token whether it was replaced (:func:`rtd_labels`; a
+  token the generator re-produced counts as original), **conditioned on the sentence
+  embedding** h: as in the authors' code (voidism/DiffCSE, ``cls_input``), h replaces the
+  output of the discriminator's embedding layer at the first position, so L_RTD's gradient
+  reaches the encoder through h (:class:`ConditionalDiscriminator`). :func:`rtd_loss` is the
+  mean binary cross entropy over real tokens (the authors' code averages too; the
+  lambda values reported, 0.005 and so on, were tuned with that mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.losses.contrastive import normalized
+
+
+def in_batch_contrastive(anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None,
+                         temperature: float) -> torch.Tensor:
+    """-mean_i log( exp(cos(a_i, p_i)/t) / (sum_j exp(cos(a_i, p_j)/t) + sum_k exp(cos(a_i, n_k)/t)) )."""
+    candidates = positives if negatives is None or negatives.numel() == 0 else torch.cat([positives, negatives])
+    logits = normalized(anchors) @ normalized(candidates).T / temperature
+    return F.cross_entropy(logits, torch.arange(anchors.shape[0], device=anchors.device))
+
+
+class ProjectionPooler(nn.Module):
+    """DiffCSE's pooler while training: Linear(H, 2H) - BatchNorm - ReLU - Linear(2H, H) -
+    BatchNorm without affine parameters (the authors' ``ProjectionMLP``)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden_size, 2 * hidden_size, bias=False), nn.BatchNorm1d(2 * hidden_size),
+                                 nn.ReLU(), nn.Linear(2 * hidden_size, hidden_size, bias=False),
+                                 nn.BatchNorm1d(hidden_size, affine=False))
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.net(embeddings.float())
+
+
+def maskable(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: list[int]) -> torch.Tensor:
+    """Real tokens that are not special ([CLS], [SEP], padding): what may be masked and replaced."""
+    special = torch.isin(input_ids, torch.tensor(special_ids, dtype=input_ids.dtype, device=input_ids.device))
+    return attention_mask.bool() & ~special
+
+
+def draw_mask(allowed: torch.Tensor, ratio: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each allowed position masked with probability ``ratio`` (ELECTRA's and BERT's draw)."""
+    draws = torch.rand(allowed.shape, generator=generator, device="cpu").to(allowed.device)
+    return allowed & (draws < ratio)
+
+
+def rtd_labels(original: torch.Tensor, corrupted: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """1.0 where the corrupted text's token differs from the original's, on real tokens; a masked
+    token the generator filled with the original counts as original (0)."""
+    return ((corrupted != original) & attention_mask.bool()).float()
+
+
+def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Binary cross entropy of the discriminator's logits [B, T] against ``labels``, mean over real tokens."""
+    real = attention_mask.bool()
+    return F.binary_cross_entropy_with_logits(logits.float()[real], labels[real])
+
+
+class ConditionalDiscriminator(nn.Module):
+    """D(x'' | h): a Hugging Face encoder of the bi-encoder's architecture whose embedding layer's
+    output at position 0 is replaced by the sentence embedding h, and a linear head giving one
+    "replaced" logit per token."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(int(encoder.config.hidden_size), 1)
+        embeddings = getattr(encoder, "embeddings", None)
+        if embeddings is None:
+            raise ValueError(f"{type(encoder).__name__} has no embedding layer to condition on (BERT-style encoders do)")
+        self._condition: torch.Tensor | None = None
+        embeddings.register_forward_hook(self._conditioned)
+
+    def _conditioned(self, module, inputs, output):
+        if self._condition is None:
+            return output
+        return torch.cat([self._condition.to(output.dtype).unsqueeze(1), output[:, 1:]], dim=1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        self._condition = condition
+        try:
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        finally:
+            self._condition = None
+        return self.head(hidden).squeeze(-1)
+
+
+@dataclass
+class RTDOutcome:
+    loss: torch.Tensor
+    replaced: torch.Tensor   # share of real tokens replaced (the labels' mean)
+    accuracy: torch.Tensor   # the discriminator's accuracy on real tokens
+
+
+def replaced_token_detection(discriminator: ConditionalDiscriminator, generator, inputs: dict[str, torch.Tensor],
+                             condition: torch.Tensor, ratio: float, special_ids: list[int],
+                             draws: torch.Generator | None = None) -> RTDOutcome:
+    """L_RTD of one tokenized batch conditioned on its embeddings ``condition`` [B, H]."""
+    input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+    masked = draw_mask(maskable(input_ids, attention_mask, special_ids), ratio, draws)
+    with torch.no_grad():
+        corrupted = generator.fill(input_ids, attention_mask, masked, draws)
+    labels = rtd_labels(input_ids, corrupted, attention_mask)
+    logits = discriminator(corrupted, attention_mask, condition)
+    real = attention_mask.bool()
+    with torch.no_grad():
+        accuracy = ((logits[real] > 0).float() == labels[real]).float().mean()
+    return RTDOutcome(rtd_loss(logits, labels, attention_mask), labels[real].mean(), accuracy)
+
+
+__all__ = ["ConditionalDiscriminator", "ProjectionPooler", "RTDOutcome", "draw_mask", "in_batch_contrastive", "maskable",
+           "replaced_token_detection", "rtd_labels", "rtd_loss"]

@@ -1,0 +1,1 @@
+"""The re-ranking trial kind: a cross-encoder fine-tuned on a first stage's candidates."""
