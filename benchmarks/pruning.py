@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -187,6 +188,7 @@ def main() -> int:
     rep.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "pruning.json"))
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # WilcoxonPruner's
     record(args) if args.command == "record" else replay(args)
     return 0
 
