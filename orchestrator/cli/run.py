@@ -181,8 +181,8 @@ def _print_comparison(specs, results: list[dict], experiment: str, tracker) -> N
         emit(metrics_table([(f"test {_first_stage_label(specs[0])}", results[0]["test"]["bm25"])]
                            + [(r["trial"].removeprefix(f"{experiment}.")[:28], r["test"]["model"]) for r in results]))
     if any(getattr(spec, "robustness", ()) for spec in specs):  # perturbed copies of the test queries were tested
-        from orchestrator.report.robustness import trials_robustness
         from orchestrator.report.render import render_markdown
+        from orchestrator.report.robustness import trials_robustness
 
         emit(render_markdown(trials_robustness(tracker, experiment, specs, [r["mlflow_run_id"] for r in results])))
 
