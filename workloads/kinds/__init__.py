@@ -12,7 +12,7 @@ or in this process (:func:`run_in_process`).
 
 A new kind is a package ``workloads/kinds/<kind>/`` whose ``kind.py`` declares ``KIND``, plus
 one line in :data:`TRIAL_KINDS` below (or :func:`register_kind` at run time); registering it
-registers the first stages it serves. The contract tests run over the registry.
+registers the first stages and miners it serves. The contract tests run over the registry.
 """
 
 from __future__ import annotations
