@@ -21,6 +21,15 @@ import yaml
 from orchestrator import cli
 from orchestrator.cli import output
 from orchestrator.core.tracking import Tracker
+from workloads.evaluation import SELECTION_PER_QUERY
+
+
+def assert_validates_query_by_query(metrics: dict, queries: int) -> None:
+    """An epoch's report holds each validation query's nDCG@10 (what a sweep's Wilcoxon pruner
+    compares trials on): one value per query, whose mean is the epoch's validation value."""
+    values = metrics[SELECTION_PER_QUERY]
+    assert len(values) == queries and all(0.0 <= v <= 1.0 for v in values), values
+    assert sum(values) / len(values) == pytest.approx(metrics["val_ndcg_at_10"], abs=1e-12)
 
 
 def free_port() -> int:

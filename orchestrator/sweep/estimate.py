@@ -11,8 +11,8 @@ attention's two matrix products over ``T`` tokens, +11% for BERT-base at 512; th
 left out) and by its ``max_length``. Each profile says whether it was measured or assumed and
 how far its rates may be off (``range``: factors on both rates), so the estimate is a point
 and a low-high range of device-hours. The estimate is an upper bound in one respect: every
-epoch of every trial is counted (pruning and early stopping cut it; with the default median
-pruner trials ran 0.87x the compute in ``benchmarks/sweep_cost.py``). It leaves out, and says
+epoch of every trial is counted (pruning and early stopping cut it; replayed on a real grid,
+the default Wilcoxon pruner trained 0.66x the compute, ``benchmarks/pruning.py``). It leaves out, and says
 so: start-up and node set-up (model loading, Ray, instances booting), preparation (BM25,
 tokenization: CPU work before any GPU), checkpoint writes and the supervised selectors'
 training.

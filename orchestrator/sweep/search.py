@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import random
+import warnings
 from pathlib import Path
 
 import optuna
@@ -21,13 +22,18 @@ from ray.tune.search import Searcher
 
 from orchestrator.core.schema import OBJECTIVE
 from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params, distinct_parameter_sets
+from workloads.core.logs import get_logger
 from workloads.core.seeds import derived_seed
+from workloads.evaluation import SELECTION_PER_QUERY
 from workloads.kinds import kind_of
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
 FAILURE = "failure"          # user attr: why a trial failed (error, oom)
 PRUNED_AT = "pruned_at_epoch"  # user attr: the last epoch a pruned trial trained
+PRUNER = "pruner"              # study user attr: the pruner its search began with (kept on resume)
+
+log = get_logger("sweep")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -54,14 +60,40 @@ def sample(trial: optuna.Trial, cell: Cell, search: SearchSpec) -> dict[str, flo
     return params
 
 
-def make_pruner(search: SearchSpec) -> optuna.pruners.BasePruner:
-    """The cell study's pruner: its intermediate values are the validation nDCG@10 of each
-    epoch (step = epoch), so a trial is compared with its own cell's trials at the same epoch."""
-    if search.pruner == "median":
+def make_pruner(search: SearchSpec, name: str) -> optuna.pruners.BasePruner:
+    """The cell study's pruner. ``wilcoxon``: its intermediate values are the validation
+    nDCG@10 of each query after each epoch (step = (epoch - 1) x queries + the query's place in
+    query-id order), so a trial is compared with its cell's best trial on the same queries at
+    the same epochs. The others: the mean of each epoch (step = epoch), compared with the
+    cell's trials at the same epoch."""
+    if name == "wilcoxon":
+        with warnings.catch_warnings():  # Optuna marks it experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # n_startup_steps 0: the pruner is only asked once a whole epoch's queries are in
+            return optuna.pruners.WilcoxonPruner(p_threshold=search.wilcoxon_p, n_startup_steps=0)
+    if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=search.pruner_startup_trials, n_warmup_steps=0)
-    if search.pruner == "hyperband":
+    if name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource="auto", reduction_factor=3)
     return optuna.pruners.NopPruner()
+
+
+def study_pruner(study: optuna.Study, search: SearchSpec) -> str:
+    """The pruner a cell's search keeps: the one it began with. Two pruners' intermediate values
+    do not mix (one value per epoch against one per query), so a resumed search whose file now
+    asks another keeps its own, with a warning. A study begun before the pruner was recorded
+    reported epochs (no per-query values then): it keeps a per-epoch pruner."""
+    recorded = study.user_attrs.get(PRUNER)
+    if not study.get_trials(deepcopy=False):  # nothing reported yet: the file's pruner
+        if recorded != search.pruner:
+            study.set_user_attr(PRUNER, search.pruner)
+        return search.pruner
+    if recorded is None:
+        recorded = "median" if search.pruner == "wilcoxon" else search.pruner
+    if recorded != search.pruner:
+        log.warning("cell %s: its search began with the %s pruner and keeps it (the file now asks %s; "
+                    "'orchestrate reset' starts the sweep over with it)", study.study_name, recorded, search.pruner)
+    return recorded
 
 
 def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study:
@@ -71,7 +103,8 @@ def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study
     would restart where it began)."""
     seed = (search.sampler_seed * 1_000_003 + int(cell.key.removeprefix("cell-")[:8], 16)) % 2**31
     study = optuna.create_study(study_name=cell.key, storage=optuna_storage(storage_url), direction="maximize",
-                                pruner=make_pruner(search), load_if_exists=True)
+                                load_if_exists=True)
+    study.pruner = make_pruner(search, study_pruner(study, search))
     tried = len(study.get_trials(deepcopy=False))
     if tried:
         seed = derived_seed("resumed", seed, tried) % 2**31
@@ -219,8 +252,9 @@ class CellStudiesSearcher(Searcher):
             self.best_seen[trial_id] = max(self.best_seen.get(trial_id, float("-inf")), result[self.metric])
 
     def should_prune(self, trial_id: str, result: dict) -> bool:
-        """Report an epoch's validation value to the trial's Optuna trial (step = epoch) and ask
-        the cell study's pruner whether to stop it; if so, ask the trial to stop.
+        """Report an epoch's validation to the trial's Optuna trial (:func:`make_pruner`: its
+        per-query values for the Wilcoxon pruner, its mean for the others) and ask the cell
+        study's pruner whether to stop it; if so, ask the trial to stop.
 
         Tune's own STOP would kill the trial's actor and leak the Ray Train workers (and the
         CPUs or GPUs) it started; so the trial is asked instead (:func:`stop_file`): its loop
@@ -230,7 +264,14 @@ class CellStudiesSearcher(Searcher):
             return False
         cell_key, trial = self.live[trial_id]
         epoch = int(result["epoch"])
-        trial.report(float(result[self.metric]), step=epoch)
+        if isinstance(self.studies[cell_key].pruner, optuna.pruners.WilcoxonPruner):
+            per_query = result.get(SELECTION_PER_QUERY)
+            if not per_query:
+                return False  # (a kind that reports no per-query values is never pruned by it)
+            for i, value in enumerate(per_query):
+                trial.report(float(value), step=(epoch - 1) * len(per_query) + i)
+        else:
+            trial.report(float(result[self.metric]), step=epoch)
         if trial_id in self.pruning or epoch >= self.epochs[cell_key] or not trial.should_prune():
             return False  # a trial that trained its last epoch is kept
         self.pruning.add(trial_id)

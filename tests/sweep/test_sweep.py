@@ -36,7 +36,7 @@ from tests.helpers import (
 )
 from workloads.core.errors import InputError
 from workloads.data.resolve import resolve_collection
-from workloads.evaluation import evaluate
+from workloads.evaluation import SELECTION_PER_QUERY, evaluate
 from workloads.retrieval.bm25 import retrieve
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
@@ -171,9 +171,12 @@ def test_trials_reuse_tune_processes(failing_sweep):
     for run in runs:
         tune_config = pickle.loads(run.read_bytes())["_tune_config"]
         assert tune_config.reuse_actors is True and tune_config.max_concurrent_trials == 2
-    finals = [json.loads(line) for run in runs for path in run.parent.glob("*/result.json")
-              for line in path.read_text().splitlines() if json.loads(line).get("final")]
+    results = [json.loads(line) for run in runs for path in run.parent.glob("*/result.json") for line in path.read_text().splitlines()]
+    finals = [r for r in results if r.get("final")]
     assert len(finals) == 4  # the four trials that do not raise finished in those processes
+    # each epoch's per-query validation reaches Tune, and so the searcher (the Wilcoxon pruner's input)
+    epochs = [r for r in results if "epoch" in r and not r.get("final")]
+    assert len(epochs) == 4 and all(len(r[SELECTION_PER_QUERY]) == 5 for r in epochs)
 
 
 def test_raising_trial_is_retried_then_failed_while_the_rest_completes(failing_sweep):

@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.helpers import assert_validates_query_by_query
 from workloads.core.errors import InputError
 from workloads.kinds.dense.spec import SEARCHED_PARAMETERS, DenseSpec, DenseTrialSpec, dense_key, load_dense_trial
 
@@ -167,6 +168,7 @@ def test_a_tiny_dense_trial_in_process(tmp_path, tiny_model_dir, small_scifact, 
     prepared, records, tested = run_in_process(spec, tmp_path / "checkpoints")
     assert [r.metrics["epoch"] for r in records] == [1, 2]
     assert all("val_ndcg_at_10" in r.metrics and r.metrics["train_contrastive"] > 0 for r in records)
+    assert_validates_query_by_query(records[-1].metrics, queries=5)
     assert ("train_rtd" in records[0].metrics) == (objective == "diffcse")
     assert tested.evaluation.num_queries == 20 and 0 <= tested.evaluation.aggregate["recall_at_100"] <= 1
     corpus = sum(1 for _ in (small_scifact / "corpus.jsonl").open())

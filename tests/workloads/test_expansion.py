@@ -10,7 +10,7 @@ import yaml
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
 
 from tests.core.test_offline import assert_one_clear_line
-from tests.helpers import run_cli
+from tests.helpers import assert_validates_query_by_query, run_cli
 from tests.workloads.test_collections import write_beir
 from workloads.core.errors import InputError
 from workloads.data.resolve import resolve_collection
@@ -260,6 +260,7 @@ def test_ear_learns_to_choose_the_expansion_and_its_run_is_a_first_stage(ear_wor
     spec = load_ear_trial(str(path))
     prepared, records, tested = run_in_process(spec, tmp_path / "ear-checkpoints")
     assert [r.metrics["epoch"] for r in records] == [1, 2, 3, 4]
+    assert_validates_query_by_query(records[-1].metrics, queries=8)
     rows = {r.name: r for r in ear_comparison(spec)}
     assert rows["oracle"].evaluation.aggregate["success_at_5"] == 1.0 and rows["first"].evaluation.aggregate["ndcg_at_10"] < 0.5
     assert tested.evaluation.aggregate["ndcg_at_10"] >= 0.9, [r.metrics for r in records]  # learned: near the oracle

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from pydantic import ValidationError
 from torch import nn
 
+from tests.helpers import assert_validates_query_by_query
 from workloads.kinds import run_in_process
 from workloads.kinds.rerank.augmentation import select_sentences
 from workloads.kinds.rerank.augmentation.scorers import SCORERS, SUPERVISED_METHODS
@@ -251,6 +252,7 @@ def test_a_linear_selector_learns_the_task_through_select_and_rank(tmp_path):
     def keep(metrics, checkpoint):  # the loop removes its temporary directory once this returns
         reported.append(checkpoint)
         shutil.copytree(checkpoint, tmp_path / f"epoch-{int(metrics['epoch'])}")
+        assert_validates_query_by_query(metrics, queries=len(qrels))
 
     train_selector(spec, inputs, keep)
     assert len(reported) == 5 and not any(path.exists() for path in reported)  # nothing left in the temp dir

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
+from tests.helpers import assert_validates_query_by_query
 from workloads.kinds import run_in_process as run_trial_in_process
 from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE, InEpochCheckpoints
 from workloads.kinds.rerank.spec import TrialSpec
@@ -31,6 +32,8 @@ def test_a_tiny_trial_in_process(tmp_path, tiny_model_dir, scifact_dir):
     })
     prepared, records, tested = run_trial_in_process(spec, tmp_path / "checkpoints")
     assert [r.metrics["epoch"] for r in records] == [1, 2]
+    for record in records:
+        assert_validates_query_by_query(record.metrics, queries=5)
     chosen = records[choose_epoch([r.metrics for r in records])]
     assert all(chosen.metrics["val_ndcg_at_10"] >= r.metrics["val_ndcg_at_10"] for r in records)
     assert (tmp_path / "checkpoints" / "epoch-1").is_dir() and (tmp_path / "checkpoints" / "epoch-2").is_dir()

@@ -52,6 +52,20 @@ class Evaluation:
     num_queries: int
 
 
+# An epoch's validation value of each query, in query-id order (a list: Tune flattens the dicts
+# in the results it hands on): what a sweep's Wilcoxon pruner compares two trials on, query by
+# query. Not a ``val_*`` name, so it is never logged as a metric nor summarised as ``best_val_*``.
+SELECTION_PER_QUERY = f"per_query_val_{PRIMARY_METRIC}"
+
+
+def validation_values(evaluation: Evaluation) -> dict:
+    """An epoch's validation as every trial kind reports it: the ``val_*`` aggregates and
+    :data:`SELECTION_PER_QUERY`."""
+    per_query = evaluation.per_query.get(PRIMARY_METRIC, {})
+    return {**{f"val_{k}": v for k, v in evaluation.aggregate.items()},
+            **({SELECTION_PER_QUERY: [per_query[q] for q in sorted(per_query)]} if per_query else {})}
+
+
 def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = RERANKING_MEASURES) -> Evaluation:
     """Score ``run`` against ``qrels``; queries judged but absent from the run score 0.
 

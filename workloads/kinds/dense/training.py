@@ -25,7 +25,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from workloads.core.logs import get_logger, progress_bar
-from workloads.evaluation import RETRIEVAL_MEASURES, evaluate
+from workloads.evaluation import RETRIEVAL_MEASURES, evaluate, validation_values
 from workloads.kinds.dense.encoder import BiEncoder
 from workloads.kinds.dense.generator import build_generator
 from workloads.kinds.dense.objectives import (
@@ -235,7 +235,7 @@ class DenseEpochs:
         run = rescored_candidates(self.encoder, self.validation, self.settings.eval_batch_size, self.device,
                                   self.spec.precision)
         evaluation = evaluate(run, self.inputs.validation_qrels, self.inputs.relevance_level, RETRIEVAL_MEASURES)
-        return {f"val_{k}": v for k, v in evaluation.aggregate.items()}
+        return validation_values(evaluation)
 
     def save(self, checkpoint: Path, resumable: bool) -> dict:
         self.encoder.save(checkpoint / MODEL_DIR)

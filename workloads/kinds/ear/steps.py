@@ -37,7 +37,7 @@ from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.data.collections import Collection, Qrels
 from workloads.data.parquet_rows import write_rows
 from workloads.data.resolve import resolve_collection
-from workloads.evaluation import RETRIEVAL_MEASURES, Evaluation, evaluate
+from workloads.evaluation import RETRIEVAL_MEASURES, Evaluation, evaluate, validation_values
 from workloads.evaluation.reranking import Reranking
 from workloads.kinds.ear.loss import ear_loss
 from workloads.kinds.ear.retrieval import SYSTEMS, best_rank, expansion_runs, unchosen_systems
@@ -380,7 +380,7 @@ class EarEpochs:
                                    self.device)
         evaluation = evaluate(chosen_run(self.inputs.validation_rankings, chosen), self.inputs.validation_qrels,
                               self.inputs.relevance_level, RETRIEVAL_MEASURES)
-        return {f"val_{k}": v for k, v in evaluation.aggregate.items()}
+        return validation_values(evaluation)
 
     def save(self, checkpoint: Path, resumable: bool) -> dict:
         self.model.save(checkpoint)

@@ -3,6 +3,7 @@ read these names, so they live apart from the training code (no torch to import 
 
 from __future__ import annotations
 
+from workloads.evaluation import validation_values
 from workloads.evaluation.reranking import Reranking
 
 # What the loop reports per epoch: "epoch", "degenerate_batches" ("stage" with SIR v1/v2), and names with these
@@ -17,7 +18,7 @@ WEIGHT_METRIC = "val_interpolation_weight"  # the weight tuned on validation at 
 
 def validation_metrics(validation: Reranking) -> dict[str, float]:
     """``val_*`` of the final ranking; with interpolation also the cross-encoder alone and the weight."""
-    metrics = {f"val_{k}": v for k, v in validation.evaluation.aggregate.items()}
+    metrics = validation_values(validation.evaluation)
     if validation.weight is not None:
         metrics.update({f"{CROSS_ENCODER_PREFIX}{k}": v for k, v in validation.cross_encoder.aggregate.items()})
         metrics[WEIGHT_METRIC] = validation.weight

@@ -31,7 +31,7 @@ from workloads.core.logs import get_logger, progress_bar
 from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.data.parquet_rows import write_rows
 from workloads.data.resolve import resolve_collection
-from workloads.evaluation import evaluate
+from workloads.evaluation import evaluate, validation_values
 from workloads.evaluation.reranking import Reranking, merge_with_first_stage
 from workloads.kinds.rerank.batching import triples_to_batch
 from workloads.kinds.rerank.steps import PreparedTrial, prepare_trial
@@ -248,7 +248,7 @@ class SelectorEpochs:
         validation = rerank_with_selector(self.model, Path(self.inputs.validation_candidates), self.validation_run,
                                           self.inputs.validation_qrels, self.inputs.relevance_level, self.sentences,
                                           self.sel.eval_batch_size, f"validate selector epoch {epoch}")
-        return {f"val_{k}": v for k, v in validation.evaluation.aggregate.items()}
+        return validation_values(validation.evaluation)
 
     def save(self, checkpoint: Path, resumable: bool) -> dict:
         self.model.save(checkpoint)
