@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from pydantic_core import PydanticCustomError
 
 from workloads.retrieval.first_stage import FIRST_STAGES
+from workloads.retrieval.mining import MINERS
 from workloads.text.perturbations import PERTURBATIONS
 
 PERTURBATION_NAMES = tuple(PERTURBATIONS)
@@ -212,8 +213,9 @@ class DataSpec(_Strict):
 class MiningSpec(_Strict):
     """Negatives mined by a trained model, its scores kept for distillation (``workloads.kinds.dense.mining``)."""
 
-    method: Literal["dense", "cross_encoder"] = Field(
-        description="dense: a dense encoder's top documents (run: a dense trial file, or model: an encoder); cross_encoder: "
+    method: str = Field(
+        description="a miner of the registry (``workloads.retrieval.mining.MINERS``, registered by the trial kinds): "
+                    "dense: a dense encoder's top documents (run: a dense trial file, or model: an encoder); cross_encoder: "
                     "the first stage's top depth re-scored by a kept cross-encoder (model: its checkpoint directory)")
     run: str | None = Field(default=None, description="dense: the dense trial file whose kept encoder mines (trained first)")
     model: str | None = Field(default=None, description="dense: an encoder (Hugging Face id, local path, minilm-l6); "
@@ -228,12 +230,21 @@ class MiningSpec(_Strict):
     sampling: Literal["random", "top"] = Field(default="random", description="random: drawn with the training seed; top: "
                                                                              "the highest scored")
 
+    @field_validator("method", mode="before")
+    @classmethod
+    def _registered(cls, value: Any) -> Any:
+        """A name of the miner registry, said as a Literal would."""
+        if not isinstance(value, str) or value not in MINERS:
+            names = [repr(name) for name in MINERS]
+            expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+
     @model_validator(mode="after")
     def _source(self) -> MiningSpec:
-        if self.method == "dense" and bool(self.run) == bool(self.model):
-            raise ValueError("mining method 'dense' needs one of run (a dense trial file) or model (an encoder)")
-        if self.method == "cross_encoder" and (self.run or not self.model):
-            raise ValueError("mining method 'cross_encoder' needs model (a kept cross-encoder's checkpoint directory), not run")
+        problem = MINERS[self.method].check(self)
+        if problem:
+            raise ValueError(f"mining method '{self.method}' {problem}")
         if self.skip_top >= self.depth:
             raise ValueError(f"skip_top {self.skip_top} leaves no candidate of depth {self.depth}")
         return self

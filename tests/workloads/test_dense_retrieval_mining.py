@@ -200,6 +200,7 @@ def test_first_stage_comparison_reports_means_and_paired_p_values():
     ({"method": "cross_encoder", "model": "m", "run": "r.yaml"}, "needs model .*not run"),
     ({"method": "dense", "model": "m", "depth": 5, "skip_top": 5}, "skip_top 5 leaves no candidate of depth 5"),
     ({"method": "dense", "model": "m", "sampling": "best"}, "sampling"),
+    ({"method": "bm25", "model": "m"}, "Input should be 'dense' or 'cross_encoder'"),  # the miner registry's names
 ])
 def test_bad_mining_settings_are_refused(mining, problem):
     from pydantic import ValidationError
@@ -221,6 +222,25 @@ def test_unmined_trials_keep_their_keys_and_mined_ones_differ():
     mined = TrialSpec.model_validate({**base, "training_data": {"mining": {"method": "dense", "model": "minilm-l6"}}})
     assert trial_key(mined) != trial_key(plain)
     assert TrialSpec.model_validate(mined.model_dump(mode="json")) == mined
+
+
+def test_a_mining_dense_trial_is_keyed_by_its_identity_not_its_files_path(tmp_path):
+    """As a dense first stage's ``run``: a moved file is the same trial, an edited one another."""
+    import yaml
+
+    from workloads.kinds.rerank.identity import trial_key
+    from workloads.kinds.rerank.spec import TrialSpec
+
+    dense = {"kind": "dense", "name": "miner", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6"},
+             "dense": {"learning_rate": 2e-5}}
+    keys = []
+    for folder, learning_rate in (("a", 2e-5), ("b", 2e-5), ("c", 3e-5)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "dense.yaml").write_text(yaml.safe_dump({**dense, "dense": {"learning_rate": learning_rate}}))
+        keys.append(trial_key(TrialSpec.model_validate({
+            "name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
+            "training_data": {"mining": {"method": "dense", "run": str(tmp_path / folder / "dense.yaml")}}})))
+    assert keys[0] == keys[1] != keys[2]
 
 
 @pytest.mark.slow  # encodes SciFact with a tiny encoder and trains a tiny cross-encoder twice

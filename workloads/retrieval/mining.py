@@ -100,6 +100,11 @@ class MinerMethod:
     name: str
     build: Callable[[Any, Any, MiningOptions], Miner]  # (mining spec, collection, options) -> a Miner
     requires: Callable[[Any], list] = lambda spec: []   # trial specs (of any kind) that must be finished first
+    # what is wrong with a mining spec's run / model for this method (None: nothing), said at validation
+    check: Callable[[Any], str | None] = lambda spec: None
+    # what a reading trial's key holds in place of the file in ``run`` (a moved file is the same
+    # trial, an edited one another); None: nothing
+    identity: Callable[[Any], str | None] = lambda spec: None
 
 
 MINERS: dict[str, MinerMethod] = {}

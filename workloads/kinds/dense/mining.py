@@ -106,8 +106,23 @@ def _dense_requires(spec) -> list:
     return [load_dense_trial(spec.run)]
 
 
-DENSE_MINER = MinerMethod("dense", build=_dense_miner, requires=_dense_requires)
-CROSS_ENCODER_MINER = MinerMethod("cross_encoder", build=_cross_encoder_miner)
+def _dense_check(spec) -> str | None:
+    return "needs one of run (a dense trial file) or model (an encoder)" if bool(spec.run) == bool(spec.model) else None
+
+
+def _cross_encoder_check(spec) -> str | None:
+    return "needs model (a kept cross-encoder's checkpoint directory), not run" if spec.run or not spec.model else None
+
+
+def _dense_identity(spec) -> str | None:
+    """The mining dense trial's key in place of its file's path (as the dense first stage's)."""
+    from workloads.kinds.dense.first_stage import dense_identity  # noqa: PLC0415  (as above)
+
+    return dense_identity(_EncoderChoice(spec.run, spec.model)) if spec.run else None
+
+
+DENSE_MINER = MinerMethod("dense", build=_dense_miner, requires=_dense_requires, check=_dense_check, identity=_dense_identity)
+CROSS_ENCODER_MINER = MinerMethod("cross_encoder", build=_cross_encoder_miner, check=_cross_encoder_check)
 
 __all__ = ["CROSS_ENCODER_MINER", "CrossEncoderMiner", "DENSE_MINER", "DenseMiner", "MiningOptions", "choose_negatives",
            "negative_pool"]

@@ -12,6 +12,7 @@ from workloads.core.paths import stable_key
 from workloads.kinds.rerank.spec import LossSpec, RerankingSpec, TrialSpec
 from workloads.losses import PARAMETERS, loss_parameters, searchable_parameters
 from workloads.retrieval.first_stage import FIRST_STAGES
+from workloads.retrieval.mining import MINERS
 from workloads.text.sentences import SPLITTER_VERSION
 
 
@@ -106,8 +107,10 @@ def trial_key(spec: TrialSpec) -> str:
             exclude["data"]["test_first_stage"] = {f: True for f in added}
     if not spec.robustness:
         exclude["robustness"] = True
-    exclude["training_data"] = ({"negatives"} if spec.training_data.negatives == 1 else set()) | (  # added with lists
-        {"queries"} if spec.training_data.queries == "all" else set())  # added with training queries drawn as needed
+    exclude["training_data"] = {name: True for name in (  # added with lists; added with training queries drawn as needed
+        ({"negatives"} if spec.training_data.negatives == 1 else set()) | ({"queries"} if spec.training_data.queries == "all" else set()))}
+    if _miner_identity(spec):
+        exclude["training_data"]["mining"] = {"run": True}  # keyed by the mining trial's identity instead
     # gradient checkpointing changes memory, not results; in-epoch checkpoints when state is saved
     exclude["optimization"] = {"gradient_checkpointing", "checkpoint_every"}
     if spec.optimization.micro_batch_size is None:
@@ -139,7 +142,15 @@ def trial_key(spec: TrialSpec) -> str:
     if spec.sir is not None and spec.sir.variant != "v0" and spec.sir.selection == "random":
         versions.append(SEEDS_VERSION)  # random selection draws from hashed seeds since then (other draws)
     versions += _first_stage_identities(spec)
+    if miner := _miner_identity(spec):
+        versions.append(miner)
     return stable_key(payload, *versions)
+
+
+def _miner_identity(spec: TrialSpec) -> str | None:
+    """The identity of the kept trial whose model mines the training negatives, if it is one."""
+    mining = spec.training_data.mining
+    return MINERS[mining.method].identity(mining) if mining is not None else None
 
 
 def _first_stage_identities(spec: TrialSpec) -> list[str]:
