@@ -9,16 +9,62 @@ are errors, not ignored. Each kind's own spec lives in its package
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
+from workloads.core.errors import InputError
+from workloads.core.paths import resolve_paths
 from workloads.retrieval.first_stage import FIRST_STAGES
 from workloads.retrieval.mining import MINERS
 from workloads.text.perturbations import PERTURBATIONS
 
 PERTURBATION_NAMES = tuple(PERTURBATIONS)
+
+
+def registered_name(value: Any, registry: dict) -> Any:
+    """``value`` if it names an entry of ``registry``; else the error a ``Literal`` of its names
+    would give (a registry filled at import, so a field cannot be a ``Literal`` of it)."""
+    if not isinstance(value, str) or value not in registry:
+        names = [repr(name) for name in registry]
+        expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return value
+
+
+def one_line(exc: ValidationError) -> str:
+    """A validation error as the CLI prints it: the first problem, where it is."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def load_trial_file(path: str, spec: type[BaseModel], kind: str, named: str, said_as: str = "") -> Any:
+    """The trial of a one-trial file of ``kind`` that another trial reads (a first stage's or a
+    miner's ``run``), validated as ``spec``; one line naming the file on error. ``named``: the
+    kind in messages ("an EAR", "a dense"); ``said_as``: what the messages start with."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise InputError(path, f"{said_as}no such {named.split(' ', 1)[1]} trial file")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(path, f"not valid YAML ({str(exc).splitlines()[0]})") from None
+    base = data.get("base") if isinstance(data, dict) else None
+    if isinstance(data, dict) and "trials" in data and kind in (data.get("kind"), isinstance(base, dict) and base.get("kind")):
+        raise InputError(path, f"{said_as}a file of several {named.split(' ', 1)[1]} trials; name a file of one")
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        raise InputError(path, f"{said_as}not {named} trial file (it needs kind: {kind})")
+    try:  # its relative paths as `orchestrate run` reads them: against the file's directory
+        return spec.model_validate(resolve_paths(data, file.resolve().parent))
+    except ValidationError as exc:
+        raise InputError(path, one_line(exc)) from None
 
 
 class _Strict(BaseModel):
@@ -110,12 +156,8 @@ class FirstStageSpec(_Strict):
     @field_validator("method", mode="before")
     @classmethod
     def _registered(cls, value: Any) -> Any:
-        """A name of the first-stage registry (the kinds' own included), said as a Literal would."""
-        if not isinstance(value, str) or value not in FIRST_STAGES:
-            names = [repr(name) for name in FIRST_STAGES]
-            expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
-        return value
+        """A name of the first-stage registry (the kinds' own included)."""
+        return registered_name(value, FIRST_STAGES)
 
     @model_validator(mode="after")
     def _method_options(self) -> FirstStageSpec:
@@ -233,12 +275,8 @@ class MiningSpec(_Strict):
     @field_validator("method", mode="before")
     @classmethod
     def _registered(cls, value: Any) -> Any:
-        """A name of the miner registry, said as a Literal would."""
-        if not isinstance(value, str) or value not in MINERS:
-            names = [repr(name) for name in MINERS]
-            expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
-        return value
+        """A name of the miner registry (the kinds register theirs)."""
+        return registered_name(value, MINERS)
 
     @model_validator(mode="after")
     def _source(self) -> MiningSpec:

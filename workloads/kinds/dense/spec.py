@@ -16,13 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workloads.core.errors import InputError
-from workloads.core.paths import cache_dir, resolve_paths, stable_key
+from workloads.core.paths import cache_dir, stable_key
 from workloads.losses.base import Parameter
-from workloads.spec import DataSpec, FirstStageSpec, ResourcesSpec, TrainingDataSpec
+from workloads.spec import DataSpec, FirstStageSpec, ResourcesSpec, TrainingDataSpec, load_trial_file, one_line
 
 KIND = "dense"
 COMPLETE_MARKER = "dense_result.json"  # written last: a directory without it is not a trained dense trial
@@ -161,33 +159,9 @@ def trained_dense(spec: DenseTrialSpec) -> Path | None:
     return path if (path / COMPLETE_MARKER).exists() else None
 
 
-def one_line(exc: ValidationError) -> str:
-    """A validation error as the CLI prints it: the first problem, where it is."""
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
-
-
 def load_dense_trial(path: str) -> DenseTrialSpec:
     """The dense trial of a one-trial file (a dense first stage's ``run``), one line on error."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise InputError(path, "no such dense trial file")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    except yaml.YAMLError as exc:
-        raise InputError(path, f"not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise InputError(path, "not a dense trial file (it needs kind: dense)")
-    if "trials" in data:
-        raise InputError(path, "a file of several dense trials; name a file of one")
-    try:  # its relative paths as `orchestrate run` reads them: against the file's directory
-        return DenseTrialSpec.model_validate(resolve_paths(data, file.resolve().parent))
-    except ValidationError as exc:
-        raise InputError(path, one_line(exc)) from None
+    return load_trial_file(path, DenseTrialSpec, KIND, "a dense")
 
 
 __all__ = ["COMPLETE_MARKER", "MODEL_DIR", "SEARCHED_PARAMETERS", "DenseModelSpec", "DenseSpec", "DenseTrialSpec",

@@ -14,12 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workloads.core.errors import InputError
-from workloads.core.paths import cache_dir, resolve_paths, stable_key
-from workloads.spec import DataSpec, ExpansionSpec, ModelSpec, ResourcesSpec
+from workloads.core.paths import cache_dir, stable_key
+from workloads.spec import DataSpec, ExpansionSpec, ModelSpec, ResourcesSpec, load_trial_file
 from workloads.text.sentences import SPLITTER_VERSION
 
 COMPLETE_MARKER = "ear_result.json"  # written last: a directory without it is not a trained EAR trial
@@ -134,26 +132,7 @@ def is_ear_file(data: object) -> bool:
 
 def load_ear_trial(path: str) -> EarTrialSpec:
     """The EAR trial of a one-trial file (a re-ranking trial's ``first_stage.run``), one line on error."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise InputError(path, "first_stage run: no such EAR trial file")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    except yaml.YAMLError as exc:
-        raise InputError(path, f"not valid YAML ({str(exc).splitlines()[0]})") from None
-    if is_ear_file(data) and "trials" in data:
-        raise InputError(path, "first_stage run: a file of several EAR trials; name a file of one")
-    if not isinstance(data, dict) or data.get("kind") != "ear":
-        raise InputError(path, "first_stage run: not an EAR trial file (it needs kind: ear)")
-    try:  # its relative paths as `orchestrate run` reads them: against the file's directory
-        return EarTrialSpec.model_validate(resolve_paths(data, file.resolve().parent))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        raise InputError(path, f"{where}: {message}" if where else message) from None
+    return load_trial_file(path, EarTrialSpec, "ear", "an EAR", said_as="first_stage run: ")
 
 
 __all__ = ["COMPLETE_MARKER", "RUN_FILE", "EarSpec", "EarTrialSpec", "ear_axes", "ear_dir", "ear_key", "ear_requirement_tags",
