@@ -1,13 +1,10 @@
 """The sweep's default pruner compares a trial with its cell's best trial query by query
 (Optuna's WilcoxonPruner on each validation query's nDCG@10), fed as Tune feeds the searcher."""
 
-import logging
 import random
 
-import optuna
-
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from orchestrator.sweep.search import PRUNER, CellStudiesSearcher
+from orchestrator.sweep.search import CellStudiesSearcher
 from workloads.evaluation import SELECTION_PER_QUERY
 
 SWEEP = {
@@ -43,14 +40,16 @@ def _finish(searcher, trial_id, value):
 
 def test_the_default_pruner_stops_a_trial_worse_query_by_query_not_one_worse_on_average_by_few_queries(tmp_path):
     searcher, study = _searcher(tmp_path)
-    assert searcher.search.pruner == "wilcoxon" and isinstance(study.pruner, optuna.pruners.WilcoxonPruner)
-    assert study.user_attrs[PRUNER] == "wilcoxon"  # recorded: a resumed search keeps it
+    assert searcher.search.pruner == "wilcoxon"
     searcher.suggest("a")
     # the first trial: no best trial to compare with
     assert [_epoch(searcher, "a", e, [min(1.0, v + 0.05 * (e - 1)) for v in BEST]) for e in (1, 2, 3)] == [False] * 3
     _finish(searcher, "a", sum(BEST) / QUERIES + 0.1)
-    steps = study.trials[0].intermediate_values
-    assert len(steps) == 3 * QUERIES and steps[QUERIES + 4] == min(1.0, BEST[4] + 0.05)  # step: (epoch - 1) x queries + query
+    # the cell's study holds one value per epoch (what status and the sampler read); the
+    # per-query values are beside it: step (epoch - 1) x queries + the query's place
+    assert sorted(study.trials[0].intermediate_values) == [1, 2, 3]
+    steps = searcher.query_by_query[study.study_name].study.trials[0].intermediate_values
+    assert len(steps) == 3 * QUERIES and steps[QUERIES + 4] == min(1.0, BEST[4] + 0.05)
 
     searcher.suggest("worse")  # a little worse on every query: significant
     assert _epoch(searcher, "worse", 1, [v - 0.02 for v in BEST]) is True
@@ -70,26 +69,18 @@ def test_the_default_pruner_stops_a_trial_worse_query_by_query_not_one_worse_on_
     assert "silent" not in searcher.pruning
 
 
-def test_a_resumed_search_keeps_the_pruner_it_began_with(tmp_path, caplog):
-    searcher, study = _searcher(tmp_path)
+def test_a_resumed_driver_compares_with_the_best_trial_an_earlier_one_kept(tmp_path):
+    """The per-query values live in a file per trial beside the sweep's storage: a new driver
+    (a new searcher on the same storage) restores the cell's best trial from them."""
+    searcher, _ = _searcher(tmp_path)
     searcher.suggest("a")
-    _epoch(searcher, "a", 1, BEST)
-    with caplog.at_level(logging.WARNING):
-        resumed, study = _searcher(tmp_path, pruner="median")
-    assert isinstance(study.pruner, optuna.pruners.WilcoxonPruner)
-    assert "began with the wilcoxon pruner and keeps it (the file now asks median" in caplog.text
-    # a search that has reported nothing yet takes the file's
-    (tmp_path / "other").mkdir()
-    fresh, study = _searcher(tmp_path / "other", pruner="median")
-    assert isinstance(study.pruner, optuna.pruners.MedianPruner) and study.user_attrs[PRUNER] == "median"
-
-
-def test_a_study_begun_before_the_pruner_was_recorded_keeps_a_per_epoch_pruner(tmp_path):
-    """Searches begun by an earlier version reported one value per epoch: per-query steps would
-    land among them, so such a study keeps the median pruner, the default it began with."""
-    sweep = SweepSpec.model_validate(SWEEP)
-    cell = next(c for c in expand_grid(sweep) if c.spec is not None)
-    earlier = optuna.create_study(study_name=cell.key, storage=f"sqlite:///{tmp_path / 'optuna.db'}", direction="maximize")
-    earlier.ask().report(0.5, step=1)  # as an earlier version left it: no pruner recorded
+    for epoch in (1, 2, 3):
+        _epoch(searcher, "a", epoch, BEST)
+    _finish(searcher, "a", sum(BEST) / QUERIES)
     resumed, study = _searcher(tmp_path)
-    assert isinstance(study.pruner, optuna.pruners.MedianPruner)
+    resumed.suggest("worse")
+    assert _epoch(resumed, "worse", 1, [v - 0.02 for v in BEST]) is True
+    # another pruner on resume reads the study's per-epoch values, as it always did
+    median, _ = _searcher(tmp_path, pruner="median", pruner_startup_trials=1)
+    median.suggest("low")
+    assert _epoch(median, "low", 1, [v - 0.3 for v in BEST]) is True
