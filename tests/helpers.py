@@ -40,7 +40,11 @@ def free_port() -> int:
 
 
 def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1,
-               interpolation: str = "none", test_collection: str | None = None) -> Path:
+               interpolation: str = "none", test_collection: str | None = None, trials_per_cell: int = 2,
+               augmentations: tuple[dict, ...] = ({"method": "bm25", "k": 2},)) -> Path:
+    """A tiny sweep on SciFact. Its cells: a baseline (pointwise, no augmentation) and one per
+    loss x augmentation; ``losses=[{"ranking": "pointwise"}], augmentations=({"method": "none"},)``
+    is the baseline cell alone."""
     config = {
         "name": name,
         "base": {
@@ -52,9 +56,9 @@ def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epoch
             "resources": {"workers": 1, "cpus_per_worker": 1},
         },
         "grid": {"models": [str(model_dir)], "max_length": 64, "losses": losses,
-                 "augmentations": [{"method": "bm25", "k": 2}], "sizes": [16]},
+                 "augmentations": list(augmentations), "sizes": [16]},
         # exhaustive: these tests count exact runs (pruning has its own tests)
-        "search": {"trials_per_cell": 2, "pruner": "none", "learning_rate": {"low": 1e-4, "high": 1e-3, "log": True},
+        "search": {"trials_per_cell": trials_per_cell, "pruner": "none", "learning_rate": {"low": 1e-4, "high": 1e-3, "log": True},
                    "lambda": {"low": 0.1, "high": 0.9}, "tau": {"low": 0.05, "high": 0.5, "log": True},
                    "contrastive_margin": {"low": 0.2, "high": 1.0}, "k": {"choices": [1, 2]}},
         "max_failures": 1,

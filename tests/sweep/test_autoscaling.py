@@ -103,8 +103,9 @@ def test_a_sweep_scales_the_cluster_up_runs_trials_side_by_side_and_the_nodes_go
         seen, stop = [], threading.Event()
         watcher = threading.Thread(target=_worker_nodes, args=(address, seen, stop), daemon=True)
         watcher.start()
-        spec = sweep_yaml(tmp_path / "autoscaling.yaml", tiny_model_dir, "tiny-autoscaling",
-                          [{"ranking": "pointwise", "contrastive": "scl"}])
+        # one cell of two trials: side by side, a winner kept and a loser's checkpoints removed
+        spec = sweep_yaml(tmp_path / "autoscaling.yaml", tiny_model_dir, "tiny-autoscaling", [{"ranking": "pointwise"}],
+                          augmentations=({"method": "none"},))
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--json", "--verbose",
                                "--address", address, "--storage", str(tmp_path / "store"), "--tracking-uri", uri],
@@ -113,7 +114,7 @@ def test_a_sweep_scales_the_cluster_up_runs_trials_side_by_side_and_the_nodes_go
         assert "up to 2 at a time (the autoscaler's limits: 2 x cpu_worker)" in proc.stderr
         assert json.loads(proc.stdout)["trials_to_run"] == 0
         client, runs = mlflow_runs(uri, "tiny-autoscaling")
-        assert len(runs) == 7 and all(r.info.status == "FINISHED" for r in runs)  # 1 sweep + 2 cells + 4 trials
+        assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)  # 1 sweep + 1 cell + 2 trials
         trials = sorted((r.info.start_time, r.info.end_time) for r in runs if r.data.tags.get("rerank_lab.kind") == "trial")
         # two 1-CPU trials at once on 1-CPU nodes: on two nodes the autoscaler started for them
         assert any(later[0] < earlier[1] for earlier, later in zip(trials, trials[1:])), trials
@@ -122,11 +123,11 @@ def test_a_sweep_scales_the_cluster_up_runs_trials_side_by_side_and_the_nodes_go
         cells = [r for r in runs if r.data.tags.get("rerank_lab.kind") == "cell"]
         winners = {client.get_run(c.data.tags["rerank_lab.winner"]).info.run_name for c in cells}
         kept = {d.name for d in (tmp_path / "store" / "tiny-autoscaling" / "ray").iterdir() if any(d.glob("epoch-*"))}
-        assert kept == winners and len(kept) == 2
+        assert kept == winners and len(kept) == 1
         _assert_models_load_from_the_artifact_store(client, uri, cells)
         status = run_cli(tmp_path, "status", str(spec), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri)
         disk = json.loads(status.stdout)
-        assert disk["disk_trials"] == 2 and disk["disk_bytes"] == sum(
+        assert disk["disk_trials"] == 1 and disk["disk_bytes"] == sum(
             f.stat().st_size for name in kept for f in (tmp_path / "store" / "tiny-autoscaling" / "ray" / name).rglob("*")
             if f.is_file())
         deadline = time.time() + 120
@@ -311,7 +312,9 @@ def test_a_head_whose_autoscaler_is_out_of_reach_asks_for_a_setting_then_runs_at
                            "--disable-usage-stats"], capture_output=True, text=True, env=env)
     assert head.returncode == 0, head.stderr[-2000:]
     try:
-        spec = sweep_yaml(tmp_path / "unread.yaml", tiny_model_dir, "tiny-unread", [{"ranking": "pointwise", "contrastive": "scl"}])
+        # one cell, one trial: the setting is what is checked (the Tune run's cap), not trials side by side
+        spec = sweep_yaml(tmp_path / "unread.yaml", tiny_model_dir, "tiny-unread", [{"ranking": "pointwise"}], trials_per_cell=1,
+                          augmentations=({"method": "none"},))
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         common = ["--address", f"127.0.0.1:{port}", "--storage", str(tmp_path / "store"), "--tracking-uri", uri]
         refused = run_cli(tmp_path, "sweep", str(spec), *common)

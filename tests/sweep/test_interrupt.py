@@ -85,10 +85,10 @@ def test_ctrl_c_mid_search_keeps_what_ended_and_a_rerun_finishes_with_the_right_
 
 
 def test_two_sweep_files_of_one_name_and_two_runs_of_one_sweep_refuse(tmp_path, tiny_model_dir, scifact_dir):
-    spec = sweep_yaml(tmp_path / "tiny.yaml", tiny_model_dir, "tiny-one", [{"ranking": "pointwise", "contrastive": "scl"}])
+    # one cell, one trial: what is checked is the refusals, not the search
+    spec = sweep_yaml(tmp_path / "tiny.yaml", tiny_model_dir, "tiny-one", [{"ranking": "pointwise"}], trials_per_cell=1,
+                      augmentations=({"method": "none"},))
     config = yaml.safe_load(spec.read_text())
-    config["search"]["trials_per_cell"] = 1
-    spec.write_text(yaml.safe_dump(config))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
     first = orchestrate(tmp_path, "sweep", str(spec), *common, background=True)
@@ -127,11 +127,8 @@ def test_results_are_not_reused_when_their_data_changed(tmp_path, tiny_model_dir
         (held_out / name).symlink_to(scifact_dir / name)
     lines = (scifact_dir / "qrels" / "test.tsv").read_text().splitlines()
     (held_out / "qrels" / "test.tsv").write_text("\n".join(lines[:40]) + "\n")
-    spec = sweep_yaml(tmp_path / "tiny.yaml", tiny_model_dir, "tiny-data", [{"ranking": "pointwise", "contrastive": "scl"}],
-                      test_collection=str(held_out))
-    config = yaml.safe_load(spec.read_text())
-    config["search"]["trials_per_cell"] = 1
-    spec.write_text(yaml.safe_dump(config))
+    spec = sweep_yaml(tmp_path / "tiny.yaml", tiny_model_dir, "tiny-data", [{"ranking": "pointwise"}],  # one cell, one trial
+                      test_collection=str(held_out), trials_per_cell=1, augmentations=({"method": "none"},))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
     assert orchestrate(tmp_path, "sweep", str(spec), *common).returncode == 0
