@@ -123,6 +123,10 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
     assert sorted(r.info.status for r in trials) == ["FINISHED", "FINISHED"] and len(cells) == 1 and len(runs) == 4
     drawn = {(r.data.params["ear.alpha"], r.data.params["expansion.n"]) for r in trials}
     assert len(drawn) == 2  # two distinct parameter sets, each an EAR trial of its own
+    # the default (Wilcoxon) pruner got each epoch's 8 validation queries through Ray Train and Tune,
+    # kept where a resumed driver reads them
+    kept_values = [json.loads(path.read_text()) for path in (tmp_path / "sweeps" / "ear-grid" / "ray" / "per_query").glob("*.json")]
+    assert len(kept_values) == 2 and all(sorted(v) == ["1", "2"] and all(len(q) == 8 for q in v.values()) for v in kept_values)
     cell = cells[0]
     assert cell.info.status == "FINISHED" and cell.data.tags["loss"] == "ear-ri"
     winner = next(r for r in trials if r.info.run_id == cell.data.tags["rerank_lab.winner"])

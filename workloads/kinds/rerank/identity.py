@@ -109,7 +109,8 @@ def trial_key(spec: TrialSpec) -> str:
         exclude["robustness"] = True
     exclude["training_data"] = {name: True for name in (  # added with lists; added with training queries drawn as needed
         ({"negatives"} if spec.training_data.negatives == 1 else set()) | ({"queries"} if spec.training_data.queries == "all" else set()))}
-    if _miner_identity(spec):
+    miner = _miner_identity(spec)
+    if miner:
         exclude["training_data"]["mining"] = {"run": True}  # keyed by the mining trial's identity instead
     # gradient checkpointing changes memory, not results; in-epoch checkpoints when state is saved
     exclude["optimization"] = {"gradient_checkpointing", "checkpoint_every"}
@@ -142,7 +143,7 @@ def trial_key(spec: TrialSpec) -> str:
     if spec.sir is not None and spec.sir.variant != "v0" and spec.sir.selection == "random":
         versions.append(SEEDS_VERSION)  # random selection draws from hashed seeds since then (other draws)
     versions += _first_stage_identities(spec)
-    if miner := _miner_identity(spec):
+    if miner:
         versions.append(miner)
     return stable_key(payload, *versions)
 
