@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.losses.base import PairStructure
-from workloads.training.loop import rank_and_world, rank_generators, restore_generators
+from workloads.training.loop import EarlyStopping, rank_and_world, rank_generators, restore_generators
 from workloads.training.objective import MicroBatchedPairs, TrainingObjective
 
 
@@ -168,6 +168,30 @@ def resumed_state(resume_from: Path | None, state_file: str, optimizer: torch.op
         if generators is not None:
             restore_generators(generators)
     return state
+
+
+def data_parallel(module: torch.nn.Module, world: int, device: torch.device,
+                  find_unused_parameters: bool = False) -> torch.nn.Module:
+    """``module`` as the step calls it: wrapped in DistributedDataParallel when ``world`` > 1
+    workers train it (on a GPU, on this worker's device), else ``module`` itself."""
+    if world <= 1:
+        return module
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                                     find_unused_parameters=find_unused_parameters)
+
+
+def start_or_resume(hooks, resume_from: Path | None, patience: int | None) -> None:
+    """Set a kind's epoch hooks where training starts: the loss scaler (fp16 only), the first
+    epoch and the early stopping, restored with the optimization state from ``resume_from``'s
+    ``hooks.state_file`` when a checkpoint is given. The hooks hold ``objective`` (its
+    ``amp_dtype``), ``optimizer``, ``scheduler``, ``device`` and ``say``."""
+    hooks.scaler = torch.amp.GradScaler("cuda", enabled=hooks.objective.amp_dtype == torch.float16)
+    hooks.first_epoch = 1
+    state = resumed_state(resume_from, hooks.state_file, hooks.optimizer, hooks.scheduler, hooks.scaler, hooks.device)
+    if state is not None:
+        hooks.first_epoch = state["epoch"] + 1
+        hooks.say(f"resumed from {resume_from} after epoch {state['epoch']}")
+    hooks.stopping = EarlyStopping.restored(patience, state)
 
 
 def checked_step(advice: str, *args, **kwargs) -> torch.Tensor:

@@ -37,8 +37,8 @@ from workloads.kinds.dense.objectives import (
 from workloads.kinds.dense.prepare import DenseInputs
 from workloads.kinds.dense.spec import MODEL_DIR, DenseSpec, DenseTrialSpec
 from workloads.models.cross_encoder import autocast_dtype
-from workloads.training.loop import EarlyStopping, Reporter, agreed, rank_and_world, run_epochs, seed_everything
-from workloads.training.step import RunningLoss, adamw, checked_step, optimization_state, resumed_state
+from workloads.training.loop import Reporter, agreed, rank_and_world, run_epochs, seed_everything
+from workloads.training.step import RunningLoss, adamw, checked_step, data_parallel, optimization_state, start_or_resume
 
 STATE_FILE = "dense_state.pt"
 HEADS_FILE = "training_heads.pt"  # the pooler and the discriminator, saved only to resume (dropped at test time)
@@ -163,10 +163,7 @@ class DenseEpochs:
         self.encoder = encoder.to(device)
         self.objective = DenseObjective(encoder, dense, pooler, discriminator, generator,
                                         autocast_dtype(device, spec.precision)).to(device)
-        self.wrapped: torch.nn.Module = self.objective
-        if self.world > 1:
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(
-                self.objective, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+        self.wrapped = data_parallel(self.objective, self.world, device, find_unused_parameters=True)
         trainable = [p for p in self.objective.parameters() if p.requires_grad]
         decayed = [p for p in trainable if p.ndim > 1]  # no decay on biases and norms (as transformers' Trainer)
         self.optimizer = adamw([{"params": decayed, "weight_decay": dense.weight_decay},
@@ -177,13 +174,7 @@ class DenseEpochs:
                              f"{self.world} workers: lower dense.batch_size or raise training_data.size")
         total = self.steps * dense.epochs
         self.scheduler = get_linear_schedule_with_warmup(self.optimizer, int(dense.warmup_ratio * total), total)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.objective.amp_dtype == torch.float16)
-        self.first_epoch = 1
-        state = resumed_state(resume_from, STATE_FILE, self.optimizer, self.scheduler, self.scaler, device)
-        if state is not None:
-            self.first_epoch = state["epoch"] + 1
-            self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
-        self.stopping = EarlyStopping.restored(dense.patience, state)
+        start_or_resume(self, resume_from, dense.patience)
         validation = pq.read_table(inputs.validation_candidates, columns=["query_id", "query", "doc_id", "doc"]).to_pydict()
         self.validation = validation
         what = "sentences (dropout positives)" if inputs.unsupervised else "queries"

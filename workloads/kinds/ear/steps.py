@@ -49,14 +49,13 @@ from workloads.retrieval.bm25 import BM25Params, read_trec_run, retrieved_run, w
 from workloads.text.sentences import SPLITTER_VERSION
 from workloads.training.loop import (
     PROGRESS_FILE,
-    EarlyStopping,
     Reporter,
     agreed,
     rank_and_world,
     run_epochs,
     seed_everything,
 )
-from workloads.training.step import adamw, checked_step, optimization_state, resumed_state
+from workloads.training.step import adamw, checked_step, data_parallel, optimization_state, start_or_resume
 
 STATE_FILE = "ear_state.pt"
 MODEL_DIR = "model"
@@ -321,19 +320,10 @@ class EarEpochs:
         source = str(resume_from) if resume_from is not None else spec.model.name
         self.model = CrossEncoder.from_pretrained(source, spec.model.max_length, spec.model.pooling).to(device)
         self.objective = EarObjective(self.model, ear.alpha, autocast_dtype(device, spec.precision))
-        self.wrapped: torch.nn.Module = self.objective
-        if self.world > 1:
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(
-                self.objective, device_ids=[device.index] if device.type == "cuda" else None)
+        self.wrapped = data_parallel(self.objective, self.world, device)
         self.optimizer = adamw([{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": ear.learning_rate}])
         self.scheduler = get_constant_schedule_with_warmup(self.optimizer, ear.warmup_steps)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.objective.amp_dtype == torch.float16)
-        self.first_epoch = 1
-        state = resumed_state(resume_from, STATE_FILE, self.optimizer, self.scheduler, self.scaler, device)
-        if state is not None:
-            self.first_epoch = state["epoch"] + 1
-            self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
-        self.stopping = EarlyStopping.restored(ear.patience, state)
+        start_or_resume(self, resume_from, ear.patience)
         self.rows = pq.read_table(inputs.training_rows).to_pydict()
         self.groups = training_groups(inputs.training_rows, ear.max_rank)
         self.steps = (len(self.groups) // ear.queries_per_step) // self.world

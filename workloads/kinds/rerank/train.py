@@ -44,7 +44,7 @@ from workloads.training.loop import (
     seed_everything,
 )
 from workloads.training.objective import TrainingObjective, load_loss_state
-from workloads.training.step import RunningLoss, adamw, checked_step
+from workloads.training.step import RunningLoss, adamw, checked_step, data_parallel
 
 
 @dataclass(frozen=True)
@@ -277,10 +277,7 @@ class RerankEpochs:
                                                                     spec.loss.ranking)
         else:
             self.objective = TrainingObjective(self.model, self.loss_fn, self.amp_dtype)
-        self.wrapped: torch.nn.Module = self.objective
-        if self.world > 1:
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(
-                self.objective, device_ids=[device.index] if device.type == "cuda" else None)
+        self.wrapped = data_parallel(self.objective, self.world, device)
         total_steps = self.steps_per_rank * opt.epochs
         self.optimizer = adamw(parameter_groups(self.objective, opt.weight_decay), lr=opt.learning_rate)
         self.scheduler = get_linear_schedule_with_warmup(self.optimizer, int(opt.warmup_ratio * total_steps), total_steps)

@@ -41,8 +41,8 @@ from workloads.losses import ModelOutputs, PairLoss, build_ranking_loss
 from workloads.models.cross_encoder import autocast_dtype
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.text.sentences import SPLITTER_VERSION, document_sentences
-from workloads.training.loop import PROGRESS_FILE, EarlyStopping, Reporter, rank_and_world, run_epochs, seed_everything
-from workloads.training.step import RunningLoss, adamw, checked_step, optimization_state, resumed_state
+from workloads.training.loop import PROGRESS_FILE, Reporter, rank_and_world, run_epochs, seed_everything
+from workloads.training.step import RunningLoss, adamw, checked_step, data_parallel, optimization_state, start_or_resume
 
 STATE_FILE = "selector_state.pt"
 
@@ -191,19 +191,10 @@ class SelectorEpochs:
         self.model = model.to(device)
         loss_fn = build_ranking_loss(sel.loss, **({"margin": sel.margin} if sel.loss == "pairwise" else {}))
         self.objective = SelectorObjective(self.model, loss_fn, autocast_dtype(device, spec.precision))
-        self.wrapped: torch.nn.Module = self.objective
-        if self.world > 1:
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(
-                self.objective, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+        self.wrapped = data_parallel(self.objective, self.world, device, find_unused_parameters=True)
         self.optimizer = adamw(parameter_groups(self.model, sel.learning_rate, sel.selector_learning_rate))
         self.scheduler = get_constant_schedule_with_warmup(self.optimizer, sel.warmup_steps)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.objective.amp_dtype == torch.float16)
-        self.first_epoch = 1
-        state = resumed_state(resume_from, STATE_FILE, self.optimizer, self.scheduler, self.scaler, device)
-        if state is not None:
-            self.first_epoch = state["epoch"] + 1
-            self.say(f"resumed from {resume_from} after epoch {state['epoch']}")
-        self.stopping = EarlyStopping.restored(sel.patience, state)
+        start_or_resume(self, resume_from, sel.patience)
         self.triples = pq.read_table(inputs.training_set).to_pylist()
         self.sentences = load_sentences(inputs.sentences)
         self.per_batch = sel.batch_size // 2
