@@ -9,7 +9,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workloads.core.paths import stable_key
 from workloads.kinds.dense.spec import NEGATIVES, OBJECTIVES, RTD_PARAMETERS, SEARCHED_PARAMETERS, DenseTrialSpec
 from workloads.kinds.protocol import GridCell, KindGrid
 
@@ -63,9 +62,7 @@ def expand_grid(sweep) -> list[GridCell]:
                              "model": {"name": model, "max_length": grid.max_length,
                                        "query_max_length": grid.query_max_length}}
                     spec = DenseTrialSpec.model_validate(trial)
-                    axes = {axis: value for axis, value in dense_axes(spec).items() if axis != "collection"}
-                    key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
-                    cells.append(GridCell(key, axes, spec.model_copy(update={"name": f"{sweep.name}.{key}"}), None, False))
+                    cells.append(GridCell.of(sweep.name, spec, dense_axes(spec)))
     return cells
 
 

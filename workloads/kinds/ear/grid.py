@@ -8,7 +8,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workloads.core.paths import stable_key
 from workloads.kinds.ear.spec import RERANKERS, EarTrialSpec, ear_axes
 from workloads.kinds.protocol import GridCell, KindGrid
 
@@ -38,9 +37,7 @@ def expand_grid(sweep) -> list[GridCell]:
                          "ear": {**ear, "reranker": reranker} if isinstance(ear, dict) else
                                 {"reranker": reranker} if ear is None else ear}
                 spec = EarTrialSpec.model_validate(trial)
-                axes = {axis: value for axis, value in ear_axes(spec).items() if axis != "collection"}
-                key = "cell-" + stable_key(sweep.name, sorted(axes.items()))
-                cells.append(GridCell(key, axes, spec.model_copy(update={"name": f"{sweep.name}.{key}"}), None, False))
+                cells.append(GridCell.of(sweep.name, spec, ear_axes(spec)))
     return cells
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workloads.core.paths import stable_key
+
 
 @dataclass(frozen=True, kw_only=True)
 class SearchedParameter:
@@ -57,6 +59,14 @@ class GridCell:
     spec: Any
     unavailable: str | None  # why no workload can run this cell yet, else None
     is_baseline: bool
+
+    @classmethod
+    def of(cls, sweep_name: str, spec: Any, axes: dict[str, str]) -> GridCell:
+        """The cell of a kind whose every cell can run and none is a baseline: ``axes`` less the
+        collection (a sweep's one collection) keyed under the sweep, its spec named after the key."""
+        axes = {axis: value for axis, value in axes.items() if axis != "collection"}
+        key = "cell-" + stable_key(sweep_name, sorted(axes.items()))
+        return cls(key, axes, spec.model_copy(update={"name": f"{sweep_name}.{key}"}), None, False)
 
 
 @dataclass(frozen=True, kw_only=True)
