@@ -1,3 +1,4 @@
+import contextlib
 import json
 import logging
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import held_out_scifact, orchestrate, run_cli, sweep_yaml
+from tests.helpers import free_port, held_out_scifact, orchestrate, run_cli, stop_cluster, sweep_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
@@ -66,13 +67,61 @@ def project_log(caplog):
     logger.setLevel(level)
 
 
+# ----------------------------------------------------------------------------- one Ray for the slow tier
+# Every slow test runs its commands on one Ray cluster started once per test session (`ray start
+# --head`, as a user's cluster is), not on a local Ray started and stopped by each command: a
+# local start costs seconds of this machine's two cores per command (the GCS, the raylet, the
+# dashboard and its agents), and the slow tier runs dozens. A test about how Ray is started or
+# about a cluster of its own is marked `own_ray` and sees no RAY_ADDRESS.
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> dict[str, str]:
+    """The session's Ray head (as many CPUs as a local Ray would take); the variables that point a command at it."""
+    port, dashboard = free_port(), free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # loopback only: no token, as tests/sweep/test_cluster.py
+    env.pop("RAY_ADDRESS", None)
+    head = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                           f"--num-cpus={os.cpu_count()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                           "--disable-usage-stats"], capture_output=True, text=True, env=env)
+    assert head.returncode == 0, head.stderr[-2000:]
+    # the State API at this head's dashboard, whatever another test's `ray start` writes to
+    # ray_current_cluster meanwhile (orchestrator.core.execution passes it to every worker)
+    yield {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "disabled",
+           "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard}"}
+    stop_cluster(port)
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str]):
+    """``variables`` set in os.environ for the block (what a session fixture's commands see)."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _slow_tests_share_one_ray(request, monkeypatch):
+    if request.node.get_closest_marker("slow") is None or request.node.get_closest_marker("own_ray") is not None:
+        return
+    for key, value in request.getfixturevalue("shared_ray").items():
+        monkeypatch.setenv(key, value)
+
+
 # ----------------------------------------------------------------------------- end to end (slow)
 # Session-scoped: a tiny `orchestrate run` and a tiny sweep, shared by the tests that read them
 # (tests/core/test_trial_ray.py, tests/sweep/test_sweep.py, tests/core/test_one_vocabulary.py).
 
 
 @pytest.fixture(scope="session")
-def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
+def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir, shared_ray):
     work = tmp_path_factory.mktemp("sweep")
     spec = sweep_yaml(work / "tiny.yaml", tiny_model_dir, "tiny-fail",
                       [{"ranking": "pointwise", "contrastive": "scl"}, {"ranking": "pointwise", "contrastive": "ctriplet"}],
@@ -81,14 +130,15 @@ def failing_sweep(tmp_path_factory, tiny_model_dir, scifact_dir):
     common = ["--storage", str(work / "store"), "--tracking-uri", uri]
     plan = json.loads(run_cli(work, "sweep", str(spec), "--dry-run", "--json", *common).stdout)
     failing = next(c["key"] for c in plan["cells_detail"] if c["loss"] == "pointwise+ctriplet")
-    first = orchestrate(work, "sweep", str(spec), "--json", *common, fail_cells=(failing,))
+    with environment(shared_ray):
+        first = orchestrate(work, "sweep", str(spec), "--json", *common, fail_cells=(failing,))
     assert first.returncode == 0, first.stderr[-3000:]
     (work / "first.err").write_text(first.stderr)
     return work, spec, uri, common, failing, plan, json.loads(first.stdout)
 
 
 @pytest.fixture(scope="session")
-def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
+def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir, shared_ray):
     work = tmp_path_factory.mktemp("trial")
     config = {
         "name": "tiny-scifact",
@@ -111,9 +161,10 @@ def trial_run(tmp_path_factory, tiny_model_dir, scifact_dir):
             capture_output=True, text=True, cwd=work, env=dict(os.environ), timeout=900,
         )
 
-    first = orchestrate()
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = run_cli(work, "run", str(path), "--json", "--tracking-uri", uri, "--storage", str(work / "ray"))  # reused
+    with environment(shared_ray):
+        first = orchestrate()
+        assert first.returncode == 0, first.stderr[-3000:]
+        second = run_cli(work, "run", str(path), "--json", "--tracking-uri", uri, "--storage", str(work / "ray"))  # reused
     assert second.returncode == 0, second.stderr[-3000:]
     (work / "first.stderr").write_text(first.stderr)
     return work, uri, json.loads(first.stdout), json.loads(second.stdout)

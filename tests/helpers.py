@@ -4,6 +4,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +38,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_cluster(port: int) -> None:
+    """Kill only this cluster's processes (`ray stop` would stop every Ray on the machine)."""
+    # isort: off
+    from ray._common.utils import get_ray_address_file  # noqa: PLC0415  (first: psutil is Ray's vendored copy)
+    import psutil  # noqa: PLC0415
+    # isort: on
+
+    # Its GCS port, however the address is spelled (127.0.0.1:PORT, <node ip>:PORT,
+    # --gcs_server_port=PORT): the monitor and log monitors name it by the node's IP, and
+    # survived as orphans when only 127.0.0.1 was matched.
+    names_port = re.compile(rf"[:=]{port}(?!\d)")
+    mine = [process for process in psutil.process_iter(["cmdline"])
+            if names_port.search(" ".join(process.info["cmdline"] or []))]
+    for process in list(mine):  # and their agents (named ray::DashboardAgent, ...: no port)
+        try:
+            mine += process.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for process in mine:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:  # exited with its raylet
+            pass
+    psutil.wait_procs(mine, timeout=30)
+    # `ray start` wrote this cluster's address for later drivers; `ray stop` would remove it.
+    # Left behind, it pointed every later Ray's State API at a dead cluster.
+    address_file = Path(get_ray_address_file(None))
+    if address_file.exists() and address_file.read_text().strip().endswith(f":{port}"):
+        address_file.unlink(missing_ok=True)
 
 
 def sweep_yaml(path: Path, model_dir: Path, name: str, losses: list[dict], epochs: int = 1,

@@ -45,11 +45,11 @@ ENV_DEFAULTS = {
 }
 # Passed on to every Ray worker when set (the defaults above are always passed): offline mode
 # and where downloads and the cache live, so workers on other nodes do what the driver does;
-# the spot notice's endpoint and interval (workloads.training.spot).
-PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "IR_DATASETS_HOME", "ANSERINI_INDEX_CACHE",
-              "ORCHESTRATE_INSTANCE_METADATA", "ORCHESTRATE_SPOT_POLL_SECONDS")
-# Where Ray's State API is served, for the workers of a Ray this process starts (see init_ray).
+# the spot notice's endpoint and interval (workloads.training.spot); where Ray's State API is
+# served, when the user names it for a cluster of theirs.
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "IR_DATASETS_HOME", "ANSERINI_INDEX_CACHE",
+              "ORCHESTRATE_INSTANCE_METADATA", "ORCHESTRATE_SPOT_POLL_SECONDS", API_SERVER_ENV)
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
 # orchestrator.sweep.tune); passed to Ray workers when set, never set in production.
 TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.core.test_offline import assert_one_clear_line
-from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli
+from tests.helpers import by_kind, mlflow_runs, run_cli
 from tests.workloads.test_expansion import ear_world  # noqa: F401 - the fixture
 from workloads.evaluation import evaluate
 from workloads.kinds.ear.spec import RUN_FILE, load_ear_trial, trained_ear
@@ -27,7 +27,7 @@ def test_a_trial_after_ear_trains_it_first_and_reranks_what_it_retrieved(ear_wor
     (tmp_path / "after-ear.yaml").write_text(yaml.safe_dump(rerank))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = ("--tracking-uri", uri, "--storage", str(tmp_path / "ray"))
-    proc = orchestrate(tmp_path, "run", "after-ear.yaml", *store)
+    proc = run_cli(tmp_path, "run", "after-ear.yaml", *store, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, runs = mlflow_runs(uri, "after-ear")
     ear_runs, trials = by_kind(runs, "ear"), by_kind(runs, "trial")
@@ -116,7 +116,7 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
     assert plan["cells_detail"][0]["loss"] == "ear-ri" and plan["cells_detail"][0]["searched"] == [
         "learning_rate", "alpha", "max_rank", "n"]
 
-    proc = orchestrate(tmp_path, "sweep", "ear-grid.yaml", *store)
+    proc = run_cli(tmp_path, "sweep", "ear-grid.yaml", *store, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, runs = mlflow_runs(uri, "ear-grid")
     trials, cells = by_kind(runs, "trial"), by_kind(runs, "cell")

@@ -76,6 +76,7 @@ print(ray.get(state_of.remote(actor._actor_id.hex())))
 """
 
 
+@pytest.mark.own_ray  # about the local Ray a command starts (tests/conftest.py)
 def test_workers_find_this_rays_state_api_despite_a_stale_cluster_address():
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths live under it
     try:

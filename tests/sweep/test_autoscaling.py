@@ -18,13 +18,14 @@ import yaml
 from orchestrator.core import execution
 from orchestrator.sweep import tune
 from orchestrator.sweep.grid import expand_grid, load_sweep
-from tests.helpers import free_port, mlflow_runs, run_cli, sweep_yaml
-from tests.sweep.test_cluster import stop_cluster
+from tests.helpers import free_port, mlflow_runs, run_cli, stop_cluster, sweep_yaml
 from workloads.core.errors import InputError
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.models.cross_encoder import CrossEncoder, score_pairs
 
 REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.own_ray  # clusters of their own (tests/conftest.py)
 
 
 def test_trial_capacity_follows_the_autoscalers_limits_not_the_live_nodes(monkeypatch):

@@ -3,7 +3,6 @@ two-node Ray cluster started on this machine."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helpers import free_port, mlflow_runs, sweep_yaml
+from tests.helpers import free_port, mlflow_runs, stop_cluster, sweep_yaml
 
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
@@ -78,36 +77,7 @@ def two_node_cluster(tmp_path, monkeypatch):
         stop_cluster(port)
 
 
-def stop_cluster(port: int) -> None:
-    """Kill only this cluster's processes (`ray stop` would stop every Ray on the machine)."""
-    import psutil
-
-    # Its GCS port, however the address is spelled (127.0.0.1:PORT, <node ip>:PORT,
-    # --gcs_server_port=PORT): the monitor and log monitors name it by the node's IP, and
-    # survived as orphans when only 127.0.0.1 was matched.
-    names_port = re.compile(rf"[:=]{port}(?!\d)")
-    mine = [process for process in psutil.process_iter(["cmdline"])
-            if names_port.search(" ".join(process.info["cmdline"] or []))]
-    for process in list(mine):  # and their agents (named ray::DashboardAgent, ...: no port)
-        try:
-            mine += process.children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-    for process in mine:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:  # exited with its raylet
-            pass
-    psutil.wait_procs(mine, timeout=30)
-    # `ray start` wrote this cluster's address for later drivers; `ray stop` would remove it.
-    # Left behind, it pointed every later Ray's State API at a dead cluster.
-    from ray._common.utils import get_ray_address_file
-
-    address_file = Path(get_ray_address_file(None))
-    if address_file.exists() and address_file.read_text().strip().endswith(f":{port}"):
-        address_file.unlink(missing_ok=True)
-
-
+@pytest.mark.own_ray  # a cluster of its own (tests/conftest.py)
 def test_tiny_sweep_on_a_two_node_cluster(two_node_cluster, tmp_path, tiny_model_dir, scifact_dir):
     import ray
 

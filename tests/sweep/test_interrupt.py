@@ -31,7 +31,15 @@ def test_ctrl_c_mid_search_keeps_what_ended_and_a_rerun_finishes_with_the_right_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
     sweep = orchestrate(tmp_path, "sweep", str(spec), *common, background=True)
-    _wait_for(tmp_path / "background.err", "trials 1/", sweep)  # the first trial ended; others run
+    # Two trials run at a time and start together: the first cell's first trial can end with the
+    # other's, leaving nothing running. Interrupt once both ended and a second trial of a cell
+    # has begun (its storage folder is there; it has an epoch left).
+    _wait_for(tmp_path / "background.err", "trials 2/", sweep)
+    trials_storage = tmp_path / "store" / "tiny-ctrl-c" / "ray"
+    deadline = time.time() + 300
+    while not list(trials_storage.glob("cell-*-t1")) and time.time() < deadline and sweep.poll() is None:
+        time.sleep(0.2)
+    assert list(trials_storage.glob("cell-*-t1")), (tmp_path / "background.err").read_text()[-3000:]
     interrupted_at = time.time()
     os.killpg(sweep.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole process group
     sweep.wait(timeout=120)
@@ -131,7 +139,7 @@ def test_results_are_not_reused_when_their_data_changed(tmp_path, tiny_model_dir
                       test_collection=str(held_out), trials_per_cell=1, augmentations=({"method": "none"},))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
-    assert orchestrate(tmp_path, "sweep", str(spec), *common).returncode == 0
+    assert run_cli(tmp_path, "sweep", str(spec), *common, timeout=1200).returncode == 0
     _, runs = mlflow_runs(uri, "tiny-data")
     tested_on = {c.data.tags["rerank_lab.cell"]: c.data.metrics["test_ndcg_at_10"] for c in by_kind(runs, "cell")}
 
@@ -143,7 +151,7 @@ def test_results_are_not_reused_when_their_data_changed(tmp_path, tiny_model_dir
     assert report.returncode == 0 and "stale" in report.stdout and not any(
         f"{value!r}" in report.stdout for value in tested_on.values())
 
-    rerun = orchestrate(tmp_path, "sweep", str(spec), *common)
+    rerun = run_cli(tmp_path, "sweep", str(spec), *common, timeout=1200)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     _, runs = mlflow_runs(uri, "tiny-data")
     for cell in by_kind(runs, "cell"):
@@ -159,8 +167,8 @@ def test_a_worker_no_node_can_hold_is_one_line_not_a_wait(tmp_path, tiny_model_d
     config["search"]["trials_per_cell"] = 1
     spec.write_text(yaml.safe_dump(config))
     started = time.time()
-    proc = orchestrate(tmp_path, "sweep", str(spec), "--storage", str(tmp_path / "store"), "--tracking-uri",
-                       f"sqlite:///{tmp_path / 'mlflow.db'}")
+    proc = run_cli(tmp_path, "sweep", str(spec), "--storage", str(tmp_path / "store"), "--tracking-uri",
+                   f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert proc.returncode == 2 and time.time() - started < 300, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [errors[0]] and "resources.cpus_per_worker 64" in errors[0] and "a worker could never start" in errors[0]

@@ -80,7 +80,8 @@ def test_selectors_train_concurrently_beside_a_cell_that_needs_none(tmp_path, ti
     config["search"]["trials_per_cell"] = 1
     spec.write_text(yaml.safe_dump(config))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = orchestrate(tmp_path, "sweep", str(spec), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri)
+    result = run_cli(tmp_path, "sweep", str(spec), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri,
+                     timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     _, runs = mlflow_runs(uri, "two-selectors")
     assert all(r.info.status == "FINISHED" for r in runs)

@@ -10,7 +10,7 @@ import yaml
 from orchestrator.core import schema
 from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.search import apply_params, sample
-from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli
+from tests.helpers import by_kind, mlflow_runs, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,8 @@ def test_a_tiny_sir_grid_runs_v0_and_a_curriculum_to_the_end(tmp_path, tiny_mode
     path = tmp_path / "tiny-sir.yaml"
     path.write_text(yaml.safe_dump(config))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = orchestrate(tmp_path, "sweep", str(path), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri)
+    proc = run_cli(tmp_path, "sweep", str(path), "--json", "--storage", str(tmp_path / "store"), "--tracking-uri", uri,
+                   timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, runs = mlflow_runs(uri, "tiny-sir")
     cells = {r.data.tags["loss"]: r for r in by_kind(runs, "cell")}
