@@ -101,6 +101,9 @@ def test_the_command_line_leaves_downloads_on_and_passes_offline_mode_to_workers
     passed = execution.worker_env()  # what init_ray gives every worker: the driver's choices, on every node
     assert passed["HF_HUB_OFFLINE"] == "1" and passed["HF_HOME"] == "/mnt/shared/cache/huggingface"
     assert passed["IR_DATASETS_HOME"] == "/mnt/shared/cache/ir_datasets"
+    # where a cluster's State API is served, when the user names it (Train's placement-group cleaner asks it)
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://10.0.0.1:8265")
+    assert execution.worker_env()["RAY_API_SERVER_ADDRESS"] == "http://10.0.0.1:8265"
 
 
 def test_a_model_cached_without_its_weights_is_not_available_offline(tmp_path, monkeypatch):
