@@ -77,12 +77,12 @@ def project_log(caplog):
 
 @pytest.fixture(scope="session")
 def shared_ray() -> dict[str, str]:
-    """The session's Ray head (as many CPUs as a local Ray would take); the variables that point a command at it."""
+    """The session's Ray head (its CPUs detected by Ray, as a local Ray's are); the variables that point a command at it."""
     port, dashboard = free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # loopback only: no token, as tests/sweep/test_cluster.py
     env.pop("RAY_ADDRESS", None)
     head = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                           f"--num-cpus={os.cpu_count()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                           "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
                            "--disable-usage-stats"], capture_output=True, text=True, env=env)
     assert head.returncode == 0, head.stderr[-2000:]
     # the State API at this head's dashboard, whatever another test's `ray start` writes to
