@@ -71,8 +71,10 @@ def project_log(caplog):
 # Every slow test runs its commands on one Ray cluster started once per test session (`ray start
 # --head`, as a user's cluster is), not on a local Ray started and stopped by each command: a
 # local start costs seconds of this machine's two cores per command (the GCS, the raylet, the
-# dashboard and its agents), and the slow tier runs dozens. A test about how Ray is started or
-# about a cluster of its own is marked `own_ray` and sees no RAY_ADDRESS.
+# dashboard and its agents), and the slow tier runs dozens. A test about how Ray is started,
+# about a cluster of its own, or that kills a driver together with the Ray it started (a crash:
+# on a shared head the driver's workers would outlive it for a second or two) is marked
+# `own_ray` and sees no RAY_ADDRESS.
 
 
 @pytest.fixture(scope="session")

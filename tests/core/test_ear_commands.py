@@ -103,8 +103,10 @@ def test_an_ear_sweep_searches_each_cell_tests_and_keeps_its_winner_and_resumes_
     base["resources"] = {"cpus_per_worker": 1}
     sweep = {"name": "ear-grid", "base": base,
              "grid": {"models": [config["model"]["name"]], "rerankers": ["ri"], "max_length": 32},
+             # the default (Wilcoxon) pruner, asked every epoch, never prunes at this p: 8 queries
+             # reach one-sided p = 1/256 at best, so both trials train both epochs, whichever order they run in
              "search": {"trials_per_cell": 2, "alpha": {"choices": [0.05, 0.2]}, "n": {"choices": [3, 4]},
-                        "learning_rate": {"choices": [1e-3]}}}
+                        "learning_rate": {"choices": [1e-3]}, "wilcoxon_p": 0.001}}
     (tmp_path / "ear-grid.yaml").write_text(yaml.safe_dump(sweep))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = ("--tracking-uri", uri, "--storage", str(tmp_path / "sweeps"))

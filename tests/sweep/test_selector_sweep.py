@@ -15,6 +15,10 @@ from tests.helpers import by_kind, mlflow_runs, orchestrate, run_cli, sweep_yaml
 pytestmark = pytest.mark.slow  # Ray, Tune and MLflow end to end
 
 
+# a crash of the driver and the Ray it started: on a shared head the killed driver's workers
+# outlive it for a second or two, and this tiny selector's epochs take half a second (seen in CI:
+# the orphan finished it, so nothing was left to resume)
+@pytest.mark.own_ray
 def test_shared_selector_trained_once_and_resumed_after_sigkill(tmp_path, tiny_model_dir, scifact_dir):
     # one trial per cell: the selector is what is killed and resumed
     spec = sweep_yaml(tmp_path / "sel.yaml", tiny_model_dir, "tiny-selector",

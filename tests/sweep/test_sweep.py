@@ -204,6 +204,7 @@ def test_rerun_of_a_finished_sweep_creates_nothing(failing_sweep):
     assert len(runs) == 10
 
 
+@pytest.mark.own_ray  # the driver and the Ray it started die together, as in a crash (tests/sweep/test_selector_sweep.py)
 def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tiny_model_dir, scifact_dir):
     spec = sweep_yaml(tmp_path / "kill.yaml", tiny_model_dir, "tiny-kill", [{"ranking": "pointwise", "contrastive": "scl"}], epochs=2)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
