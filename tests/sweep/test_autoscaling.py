@@ -179,11 +179,12 @@ def test_a_node_removed_mid_epoch_the_trial_resumes_on_another_from_its_in_epoch
         "name": "tiny-preempted",
         "base": {"data": {"collection": "beir/scifact", "validation_queries": 5},
                  "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
-                 # 48 steps in the epoch, state saved every 4: the node goes inside it
-                 "optimization": {"epochs": 1, "batch_size": 8, "checkpoint_every": {"steps": 4}},
+                 # 700 steps of batch 2, state saved every 8: the node goes inside the epoch (10 s here). (With
+                 # 48 steps of 8 the epoch took a second in CI and ended before the node was removed.)
+                 "optimization": {"epochs": 1, "batch_size": 2, "checkpoint_every": {"steps": 8}},
                  "resources": {"workers": 1, "cpus_per_worker": 1, "max_failures": 2}},
         "grid": {"models": [str(tiny_model_dir)], "max_length": 64, "losses": [{"ranking": "pointwise"}],
-                 "augmentations": [{"method": "none"}], "sizes": [384]},
+                 "augmentations": [{"method": "none"}], "sizes": [1400]},
         "search": {"trials_per_cell": 1, "pruner": "none"}, "max_failures": 2}))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     in_epoch = None
