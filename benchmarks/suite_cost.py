@@ -28,15 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _results import write_results  # noqa: E402  (benchmarks/ is sys.path[0])
+from _machine import cpu_seconds  # noqa: E402  (benchmarks/ is sys.path[0])
+from _results import write_results  # noqa: E402
 
 RAY_TITLE = re.compile(r"^ray::([A-Za-z_]+)")
-
-
-def cpu_jiffies() -> tuple[int, int]:
-    """(busy, idle) jiffies of all cores since boot; steal (the hypervisor's) is neither."""
-    user, nice, system, idle, iowait, irq, softirq, _steal = map(int, Path("/proc/stat").read_text().split()[1:9])
-    return user + nice + system + irq + softirq, idle + iowait
 
 
 def kind_of(args: str) -> str | None:
@@ -72,7 +67,7 @@ def main() -> None:
     pids_by_kind: dict[str, set[int]] = defaultdict(set)
     stop = threading.Event()
     sampler = threading.Thread(target=sample, args=(pids_by_kind, stop, args.interval), daemon=True)
-    busy0, idle0 = cpu_jiffies()
+    busy0, idle0 = cpu_seconds()
     started = time.time()
     sampler.start()
     pytest = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args],
@@ -80,9 +75,8 @@ def main() -> None:
     wall = time.time() - started
     stop.set()
     sampler.join()
-    busy1, idle1 = cpu_jiffies()
-    hz = os.sysconf("SC_CLK_TCK")
-    busy, idle = (busy1 - busy0) / hz, (idle1 - idle0) / hz
+    busy1, idle1 = cpu_seconds()
+    busy, idle = busy1 - busy0, idle1 - idle0
     outcome = next((line for line in reversed(pytest.stdout.splitlines()) if line.strip()), "")
     census = {kind: len(pids) for kind, pids in sorted(pids_by_kind.items(), key=lambda kv: -len(kv[1]))}
     ray_processes = len(set().union(*(pids for kind, pids in pids_by_kind.items() if kind.startswith("ray::"))))

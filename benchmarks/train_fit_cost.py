@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _results import write_results  # noqa: E402  (benchmarks/ is sys.path[0])
+from _machine import cpu_seconds  # noqa: E402  (benchmarks/ is sys.path[0])
+from _results import write_results  # noqa: E402
 
 CONCURRENCY_ENV = "RAY_worker_maximum_startup_concurrency"
 
@@ -58,10 +59,8 @@ def fit_once(storage: str, name: str) -> dict:
 
 
 def busy_core_seconds() -> float:
-    """CPU time this machine's processes have run (all cores), from /proc/stat: steal (time the
-    hypervisor gave to other guests) is not work done here."""
-    user, nice, system, _idle, _iowait, irq, softirq, *_ = map(int, Path("/proc/stat").read_text().split()[1:11])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+    """CPU time this machine's processes have run (all cores), steal left out."""
+    return cpu_seconds()[0]
 
 
 def idle_ray_share(settle: float = 45.0, window: float = 60.0) -> float:
