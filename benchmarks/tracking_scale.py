@@ -195,9 +195,8 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     from orchestrator.sweep.store import bind_store, sweep_paths
     from orchestrator.sweep.tune import MlflowTrialLogger, reconcile_trial_runs
     from workloads.evaluation.reranking import Reranking
-    from workloads.kinds import kind_of
+    from workloads.kinds import choose_epoch, kind_of
     from workloads.kinds import requirements as requirements_needed
-    from workloads.kinds.rerank.steps import choose_epoch
     from workloads.kinds.selector.trial_spec import COMPLETE_MARKER, selector_dir
 
     phases: dict[str, float] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import workloads.kinds
+import workloads.kinds.registry
 from orchestrator.core.config import load_trials
 from tests.helpers import run_cli
 from workloads.kinds import TRIAL_KINDS, kind_named, register_kind, run_in_process
@@ -162,12 +162,12 @@ def test_the_recipe_lists_the_commands_it_promises():
 
 def test_the_recipe_registers_its_kind_as_every_kind_is_registered():
     """The recipe's registry line names the registry's module and has the shape of each built-in kind's line there."""
-    registry = Path(workloads.kinds.__file__).resolve().relative_to(RECIPE.parents[1]).as_posix()
+    registry = Path(workloads.kinds.registry.__file__).resolve().relative_to(RECIPE.parents[1]).as_posix()
     section = RECIPE.read_text(encoding="utf-8").split(SECTION, 1)[1]
     assert f"`{registry}`" in section, f"the recipe should say the registry is {registry}"
     [line] = [body.split("#")[0].strip() for language, body in recipe_blocks() if language == "python" and "import KIND" in body
               and not body.startswith("# ")]
-    source = Path(workloads.kinds.__file__).read_text(encoding="utf-8")
+    source = Path(workloads.kinds.registry.__file__).read_text(encoding="utf-8")
     built_in = [k.name for k in TRIAL_KINDS.values() if k.spec.__module__.startswith("workloads.")]
     assert built_in and all(line.replace("overlap", n).replace("OVERLAP", n.upper()) in source for n in built_in), line
 

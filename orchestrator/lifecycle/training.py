@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from orchestrator.core import schema
 from orchestrator.core.execution import EpochResult
 from orchestrator.core.tracking import Tracker
-from workloads.kinds.rerank.steps import choose_epoch
+from workloads.kinds import choose_epoch
 
 # the epoch metrics (reported by the loop, once per attempt or per epoch) that break the overhead down
 OVERHEAD_PARTS = {schema.TIME_STARTUP: "epoch_startup_seconds", schema.TIME_SETUP: "epoch_setup_seconds",
@@ -19,7 +19,7 @@ SUMMARY_METRICS = frozenset({schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIM
 
 
 def chosen(epochs: Sequence[EpochResult]) -> EpochResult:
-    """The epoch every command tests (see ``workloads.kinds.rerank.steps.choose_epoch``)."""
+    """The epoch every command tests (see ``workloads.kinds.choose_epoch``)."""
     return epochs[choose_epoch([e.metrics for e in epochs])]
 
 

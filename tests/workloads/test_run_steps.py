@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-import workloads.kinds as kinds
+import workloads.kinds.lifecycle as lifecycle
 from workloads.kinds import run_steps
 
 
@@ -63,8 +63,8 @@ class Recorded:
 @pytest.fixture
 def a_kind(monkeypatch):
     """A spec whose kind requires one trial (the registry's lookups stand in for a real kind)."""
-    monkeypatch.setattr(kinds, "kind_of", lambda spec: "the kind")
-    monkeypatch.setattr(kinds, "requirements", lambda specs: ["required trial"])
+    monkeypatch.setattr(lifecycle, "kind_of", lambda spec: "the kind")
+    monkeypatch.setattr(lifecycle, "requirements", lambda specs: ["required trial"])
     return object()
 
 

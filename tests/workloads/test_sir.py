@@ -11,11 +11,12 @@ import torch
 import workloads.training as training
 import workloads.training.step as step
 from orchestrator.sweep.tune import _is_out_of_memory
+from workloads.kinds import choose_epoch
 from workloads.kinds import run_in_process as run_trial_in_process
 from workloads.kinds.rerank.batching import lists_to_batch
 from workloads.kinds.rerank.sir import compress_blocks, compressed_rows, conditional_log_probs, curriculum_loss, select_survivors
 from workloads.kinds.rerank.spec import SIRSpec, TrialSpec
-from workloads.kinds.rerank.steps import choose_epoch, prepare_trial
+from workloads.kinds.rerank.steps import prepare_trial
 from workloads.kinds.rerank.train import train_cross_encoder
 from workloads.losses import ModelOutputs, build_ranking_loss
 from workloads.models.cross_encoder import CrossEncoder, score_pairs

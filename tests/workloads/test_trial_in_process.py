@@ -7,10 +7,11 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from tests.helpers import assert_validates_query_by_query
+from workloads.kinds import choose_epoch
 from workloads.kinds import run_in_process as run_trial_in_process
 from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE, InEpochCheckpoints
 from workloads.kinds.rerank.spec import TrialSpec
-from workloads.kinds.rerank.steps import choose_epoch, prepare_trial
+from workloads.kinds.rerank.steps import prepare_trial
 from workloads.kinds.rerank.train import RerankEpochs, train_cross_encoder
 from workloads.models.cross_encoder import CrossEncoder
 from workloads.training import seed_everything

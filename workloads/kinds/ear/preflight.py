@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workloads.kinds.protocol.preflight import Problems, check_collections
+from workloads.kinds.protocol import Problems, check_collections
 from workloads.models.cross_encoder import require_model_available
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from workloads.kinds.ear.comparison import ear_comparison
 from workloads.kinds.ear.spec import EarTrialSpec
-from workloads.kinds.protocol.report import KindReport
+from workloads.kinds.protocol import KindReport
 
 
 def ear_report(spec: EarTrialSpec, kept: Path) -> KindReport:

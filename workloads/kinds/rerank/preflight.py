@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workloads.core.errors import InputError
-from workloads.kinds.protocol.preflight import Problems, check_collections
+from workloads.kinds.protocol import Problems, check_collections
 from workloads.kinds.rerank.batching import rows_per_batch
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.models.cross_encoder import require_model_available

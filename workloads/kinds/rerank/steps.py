@@ -9,7 +9,6 @@ The orchestrator calls :func:`prepare_trial` on the driver, runs
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -40,7 +39,6 @@ from workloads.retrieval.bm25 import read_trec_run
 from workloads.retrieval.first_stage import FirstStageRun, first_stage_run
 from workloads.retrieval.mining import build_miner
 from workloads.text.perturbations import perturb_queries
-from workloads.training import SELECTION_METRIC
 
 BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
 
@@ -204,18 +202,6 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
                     "test_queries": len(test_queries), **{f"triples_{k}": v for k, v in asdict(stats).items()},
                     **augmentation_stats},
     )
-
-
-def choose_epoch(epoch_metrics: Sequence[Mapping[str, float]]) -> int:
-    """The index of the chosen epoch: the best validation nDCG@10 (the fused ranking's when
-    interpolating); a tie keeps the earlier epoch. The one selection rule of every command.
-    With SIR stages (v1, v2) only the last stage's epochs compete: the last compressor is
-    the model SIR evaluates."""
-    if not epoch_metrics:
-        raise ValueError("no epoch to choose from")
-    last_stage = max(m.get("stage", 1) for m in epoch_metrics)
-    candidates = [i for i, m in enumerate(epoch_metrics) if m.get("stage", 1) == last_stage]
-    return max(candidates, key=lambda i: (epoch_metrics[i][SELECTION_METRIC], -i))
 
 
 def final_interpolation(spec: TrialSpec, tuned_weight: float | None) -> float | str:

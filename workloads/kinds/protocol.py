@@ -6,17 +6,21 @@ name: its spec and ``kind:`` name, its lifecycle steps (requires, prepare, train
 its identity, the parameters a sweep searches in its cells (:class:`SearchedParameter`,
 generated into the sweep's search space as the losses' ``Parameter`` are), its grid
 (:class:`KindGrid`: axes, cells, their tags), the first stages it serves, and its cost for
-the estimate.
+the estimate. Also here: what every kind's preflight shares (:class:`Problems`,
+:func:`check_collections`) and what ``orchestrate run`` shows of a trial whose kind reports
+its own result (:class:`KindReport`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workloads.core.errors import InputError
 from workloads.core.paths import stable_key
+from workloads.data.identity import local_directory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,4 +178,68 @@ class TrialKind:
         return self.spec.model_validate(data)
 
 
-__all__ = ["GridCell", "GridError", "KindGrid", "SearchedParameter", "TrialKind"]
+# ----------------------------------------------------------------------------- preflight
+# Checks every kind's preflight shares: found offline, without preparing, one line each.
+
+
+class Problems:
+    """The lines that would stop a trial, in order, each once."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, None] = {}
+
+    def add(self, line: str) -> None:
+        self.lines[line] = None
+
+    def check(self, call, *args, **kwargs) -> None:
+        """``call(*args, **kwargs)``; the line of the :class:`InputError` it raises, if any."""
+        try:
+            call(*args, **kwargs)
+        except InputError as exc:
+            self.add(str(exc))
+
+    def __iter__(self):
+        return iter(self.lines)
+
+    def list(self) -> list[str]:
+        return list(self.lines)
+
+
+def require_known_dataset(reference: str) -> None:
+    """An ir_datasets id it knows (nothing is downloaded: loading an id reads its registry only)."""
+    try:
+        import ir_datasets
+
+        ir_datasets.load(reference)
+    except KeyError:
+        raise InputError(reference, "unknown dataset: not a local directory, not under $ORCHESTRATE_DATA_DIR, "
+                                    "not an ir_datasets id") from None
+
+
+def check_collections(problems: Problems, *references: str | None) -> None:
+    """Each distinct collection is a local directory or an ir_datasets id."""
+    for reference in dict.fromkeys(r for r in references if r):
+        if local_directory(reference) is None:
+            problems.check(require_known_dataset, reference)
+
+
+# ----------------------------------------------------------------------------- report
+# What ``orchestrate run`` shows of a trial whose kind reports its own result (an EAR trial:
+# its test comparison), rather than the run store's table of validation and test measures.
+
+
+@dataclass
+class KindReport:
+    """``fields``: the trial's JSON beside its name; ``heading``, a table of ``rows`` (label ->
+    measures) and ``closing``: its text; ``comparison``: what a sweep's cell run keeps of it
+    (``<kind>_comparison.json``), beside the trial file of its winner (``<kind>_trial.yaml``)."""
+
+    fields: dict
+    heading: str
+    rows: list[tuple[str, dict[str, float]]]
+    closing: list[str] = field(default_factory=list)
+    comparison: dict = field(default_factory=dict)
+
+
+__all__ = ["GridCell", "GridError", "KindGrid", "KindReport", "Problems", "SearchedParameter", "TrialKind",
+           "check_collections", "require_known_dataset"]
