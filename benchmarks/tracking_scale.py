@@ -197,7 +197,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     from workloads.evaluation.reranking import Reranking
     from workloads.kinds import choose_epoch, kind_of
     from workloads.kinds import requirements as requirements_needed
-    from workloads.kinds.selector.trial_spec import COMPLETE_MARKER, selector_dir
+    from workloads.kinds.selector.spec import COMPLETE_MARKER, selector_dir
 
     phases: dict[str, float] = {}
     started = time.perf_counter()

@@ -3,7 +3,7 @@
 Validated at the edge (``orchestrator.core.config`` loads YAML into the kinds' specs, which
 are built from these); inside the data plane every field is already checked. Unknown keys
 are errors, not ignored. Each kind's own spec lives in its package
-(``workloads.kinds.rerank.spec.TrialSpec``, ``workloads.kinds.selector.trial_spec``,
+(``workloads.kinds.rerank.spec.TrialSpec``, ``workloads.kinds.selector.spec``,
 ``workloads.kinds.ear.spec``).
 """
 

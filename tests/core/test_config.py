@@ -10,7 +10,7 @@ from orchestrator.core.schema import axes, flat_params, trial_key
 from workloads.core.errors import InputError
 from workloads.kinds.rerank.identity import _ALWAYS_KEYED_LOSS_PARAMETERS
 from workloads.kinds.rerank.spec import TrialSpec
-from workloads.kinds.selector.trial_spec import selector_key, selector_trial
+from workloads.kinds.selector.spec import selector_key, selector_trial
 
 REPO = Path(__file__).resolve().parents[2]
 TRIAL = REPO / "search_spaces" / "trials" / "trial-scifact.yaml"

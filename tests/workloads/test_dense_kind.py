@@ -132,8 +132,8 @@ def small_scifact(tmp_path_factory, scifact_dir):
 
 
 def test_unsupervised_rows_are_corpus_sentences_each_its_own_positive(small_scifact):
-    from workloads.kinds.dense.prepare import DenseInputs, corpus_sentences
-    from workloads.kinds.dense.training import training_rows
+    from workloads.kinds.dense.steps import corpus_sentences
+    from workloads.kinds.dense.train import DenseInputs, training_rows
 
     spec = DenseTrialSpec.model_validate({**BASE, "data": {"collection": str(small_scifact)},
                                           "training_data": {"size": 30, "seed": 5},

@@ -20,7 +20,7 @@ from workloads.kinds.dense.objectives import (
     rtd_loss,
 )
 from workloads.kinds.dense.spec import DenseSpec
-from workloads.kinds.dense.training import DenseBatch, DenseObjective
+from workloads.kinds.dense.train import DenseBatch, DenseObjective
 
 
 def test_rtd_labels_mark_replaced_real_tokens_only():

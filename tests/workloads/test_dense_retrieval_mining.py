@@ -213,14 +213,14 @@ def test_bad_mining_settings_are_refused(mining, problem):
 
 
 def test_unmined_trials_keep_their_keys_and_mined_ones_differ():
-    from workloads.kinds.rerank.identity import trial_key
+    from workloads.kinds.rerank.identity import rerank_key
     from workloads.kinds.rerank.spec import TrialSpec
 
     base = {"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}}
     plain = TrialSpec.model_validate(base)
     assert "mining" not in plain.model_dump_json()  # the dump every key hashes is the one before mining existed
     mined = TrialSpec.model_validate({**base, "training_data": {"mining": {"method": "dense", "model": "minilm-l6"}}})
-    assert trial_key(mined) != trial_key(plain)
+    assert rerank_key(mined) != rerank_key(plain)
     assert TrialSpec.model_validate(mined.model_dump(mode="json")) == mined
 
 
@@ -228,7 +228,7 @@ def test_a_mining_dense_trial_is_keyed_by_its_identity_not_its_files_path(tmp_pa
     """As a dense first stage's ``run``: a moved file is the same trial, an edited one another."""
     import yaml
 
-    from workloads.kinds.rerank.identity import trial_key
+    from workloads.kinds.rerank.identity import rerank_key
     from workloads.kinds.rerank.spec import TrialSpec
 
     dense = {"kind": "dense", "name": "miner", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6"},
@@ -237,7 +237,7 @@ def test_a_mining_dense_trial_is_keyed_by_its_identity_not_its_files_path(tmp_pa
     for folder, learning_rate in (("a", 2e-5), ("b", 2e-5), ("c", 3e-5)):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "dense.yaml").write_text(yaml.safe_dump({**dense, "dense": {"learning_rate": learning_rate}}))
-        keys.append(trial_key(TrialSpec.model_validate({
+        keys.append(rerank_key(TrialSpec.model_validate({
             "name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "m"},
             "training_data": {"mining": {"method": "dense", "run": str(tmp_path / folder / "dense.yaml")}}})))
     assert keys[0] == keys[1] != keys[2]

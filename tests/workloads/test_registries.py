@@ -26,7 +26,7 @@ from workloads.kinds.rerank.batching import triples_to_batch
 from workloads.kinds.rerank.spec import LOSS_HYPERPARAMETERS, AugmentationSpec, LossSpec, TrialSpec
 from workloads.kinds.selector import SELECTORS
 from workloads.kinds.selector.select_and_rank import SelectAndRank
-from workloads.kinds.selector.trial_spec import SELECTOR_METHODS, selector_trial
+from workloads.kinds.selector.spec import SELECTOR_METHODS, selector_trial
 from workloads.losses import (
     CONTRASTIVE_LOSSES,
     PARAMETERS,

@@ -28,8 +28,8 @@ from workloads.kinds.rerank.steps import SelectorNotTrained, prepare_trial
 from workloads.kinds.selector import AttentionSelector, LinearSelector, relaxed_topk, topk_mask
 from workloads.kinds.selector.features import SentenceTokenizer, TokenizedText, collate
 from workloads.kinds.selector.select_and_rank import SelectAndRank
+from workloads.kinds.selector.spec import SelectorTrialSpec, selector_trial, trained_selector
 from workloads.kinds.selector.steps import SelectorInputs, train_selector
-from workloads.kinds.selector.trial_spec import SelectorTrialSpec, selector_trial, trained_selector
 
 
 def _tokens(query: list[int], sentences: list[list[int]]) -> tuple[TokenizedText, TokenizedText]:

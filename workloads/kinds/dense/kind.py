@@ -1,8 +1,8 @@
 """The dense trial kind's declaration (``KIND``): what the control plane asks of it.
 
 Registered with one line in :data:`workloads.kinds.TRIAL_KINDS`; nothing outside this package
-names it. Its steps: prepare (:mod:`.prepare`), train (:mod:`.training`, the one epoch loop),
-test and keep (:mod:`.testing`); its spec, identity and searched parameters (learning rate,
+names it. Its steps: prepare, test and keep (:mod:`.steps`), train (:mod:`.train`, the one epoch
+loop); its spec, identity and searched parameters (learning rate,
 temperature, lambda, masking ratio: typed declarations) :mod:`.spec`; its sweep grid :mod:`.grid`.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 from workloads.kinds.dense.first_stage import DENSE_FIRST_STAGE, HYBRID_FIRST_STAGE
 from workloads.kinds.dense.grid import DENSE_GRID, dense_axes, searched_in
 from workloads.kinds.dense.mining import CROSS_ENCODER_MINER, DENSE_MINER
-from workloads.kinds.dense.prepare import DenseInputs, prepare_dense
 from workloads.kinds.dense.spec import (
     COMPLETE_MARKER,
     SEARCHED_PARAMETERS,
@@ -20,8 +19,8 @@ from workloads.kinds.dense.spec import (
     dense_key,
     trained_dense,
 )
-from workloads.kinds.dense.testing import keep_dense, test_dense
-from workloads.kinds.dense.training import STATE_FILE, train_dense
+from workloads.kinds.dense.steps import keep_dense, prepare_dense, test_dense
+from workloads.kinds.dense.train import STATE_FILE, DenseInputs, train_dense
 from workloads.kinds.protocol import SearchedParameter, TrialKind
 
 # What a dense cell's search draws, and where each value sits in its trial spec (from the spec's declarations).

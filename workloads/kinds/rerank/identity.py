@@ -74,11 +74,11 @@ _ALWAYS_KEYED_LOSS_PARAMETERS = frozenset({"margin", "lambda_", "tau", "contrast
 
 def _unkeyed_first_stage_fields(first_stage) -> set[str]:
     """First-stage fields at the value they reproduce, added after trials were first keyed, and
-    ``run`` (a kind's trial file: keyed by that trial's identity instead, :func:`trial_key`)."""
+    ``run`` (a kind's trial file: keyed by that trial's identity instead, :func:`rerank_key`)."""
     return first_stage.unread_fields() | {"run"}
 
 
-def trial_key(spec: TrialSpec) -> str:
+def rerank_key(spec: TrialSpec) -> str:
     """Identity of a trial's result: everything that changes it (its name and resources do not).
 
     A section or field at the value that reproduces earlier behaviour is left out when it

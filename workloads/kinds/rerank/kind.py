@@ -17,7 +17,7 @@ from workloads.kinds.rerank.augmentation.scorers import SUPERVISED_METHODS
 from workloads.kinds.rerank.augmentation.supervised import SELECTOR_DATA_TAG, trained_selectors
 from workloads.kinds.rerank.epoch_metrics import WEIGHT_METRIC
 from workloads.kinds.rerank.grid import RERANK_GRID
-from workloads.kinds.rerank.identity import rerank_axes, trial_key
+from workloads.kinds.rerank.identity import rerank_axes, rerank_key
 from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE
 from workloads.kinds.rerank.preflight import configuration_problems, preflight_trial
 from workloads.kinds.rerank.spec import LOSS_HYPERPARAMETERS, TrialSpec
@@ -110,7 +110,7 @@ def _test(checkpoint: Path, prepared, spec: TrialSpec, chosen: dict, device=None
 KIND = TrialKind(
     "rerank", TrialSpec, TrainingInputs, requires=requires, prepare=prepare_trial,
     worker_inputs=lambda prepared: prepared.training, train=train_cross_encoder, test=_test,
-    epochs=lambda spec: spec.optimization.epochs * (spec.sir.stages if spec.sir else 1), key=trial_key,
+    epochs=lambda spec: spec.optimization.epochs * (spec.sir.stages if spec.sir else 1), key=rerank_key,
     resumes_in_epoch=True, state_file=STATE_FILE,
     described_as="re-ranking", run_kind="trial", searched=SEARCHED, searched_in=searched_in, axes=rerank_axes,
     cell_tags=cell_tags, grid=RERANK_GRID, first_stages_of=first_stages_of, cell_pairs=cell_pairs,

@@ -3,7 +3,7 @@ with a cross-encoder ranker (select-and-rank), required by the re-ranking trials
 with it and installed in the cache they share.
 
 Its steps are :mod:`workloads.kinds.selector.steps`; its spec and identity
-:mod:`workloads.kinds.selector.trial_spec`. It has no sweep grid of its own: a grid's cells
+:mod:`workloads.kinds.selector.spec`. It has no sweep grid of its own: a grid's cells
 require it. Registered with one line in :data:`workloads.kinds.TRIAL_KINDS`.
 """
 
@@ -14,15 +14,7 @@ from pathlib import Path
 from workloads.evaluation.reranking import Reranking
 from workloads.kinds.protocol import TrialKind
 from workloads.kinds.rerank.augmentation.supervised import TrainedSelectors, serve_selectors
-from workloads.kinds.selector.steps import (
-    STATE_FILE,
-    SelectorInputs,
-    evaluate_selector_checkpoint,
-    install_selector,
-    prepare_selector,
-    train_selector,
-)
-from workloads.kinds.selector.trial_spec import (
+from workloads.kinds.selector.spec import (
     COMPLETE_MARKER,
     SelectorTrialSpec,
     selector_dir,
@@ -30,6 +22,14 @@ from workloads.kinds.selector.trial_spec import (
     selector_requirement_tags,
     selector_trial,
     trained_selector,
+)
+from workloads.kinds.selector.steps import (
+    STATE_FILE,
+    SelectorInputs,
+    evaluate_selector_checkpoint,
+    install_selector,
+    prepare_selector,
+    train_selector,
 )
 
 

@@ -36,7 +36,7 @@ from workloads.evaluation.reranking import Reranking, merge_with_first_stage
 from workloads.kinds.rerank.batching import triples_to_batch
 from workloads.kinds.rerank.steps import PreparedTrial, prepare_trial
 from workloads.kinds.selector.select_and_rank import SelectAndRank
-from workloads.kinds.selector.trial_spec import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
+from workloads.kinds.selector.spec import COMPLETE_MARKER, SelectorTrialSpec, selector_dir, selector_key
 from workloads.losses import ModelOutputs, PairLoss, build_ranking_loss
 from workloads.models.cross_encoder import autocast_dtype
 from workloads.retrieval.bm25 import read_trec_run

@@ -34,7 +34,6 @@ from workloads.kinds.dense.objectives import (
     in_batch_contrastive,
     replaced_token_detection,
 )
-from workloads.kinds.dense.prepare import DenseInputs
 from workloads.kinds.dense.spec import MODEL_DIR, DenseSpec, DenseTrialSpec
 from workloads.models.cross_encoder import autocast_dtype
 from workloads.training.loop import Reporter, agreed, rank_and_world, run_epochs, seed_everything
@@ -42,6 +41,17 @@ from workloads.training.step import RunningLoss, adamw, checked_step, data_paral
 
 STATE_FILE = "dense_state.pt"
 HEADS_FILE = "training_heads.pt"  # the pooler and the discriminator, saved only to resume (dropped at test time)
+
+
+@dataclass(frozen=True)
+class DenseInputs:
+    """What a worker reads."""
+
+    training_rows: str          # supervised: the re-ranking training set (query, positive, negative...); else sentences
+    unsupervised: bool
+    validation_candidates: str  # the first stage's validation candidates (query, doc), re-scored every epoch
+    validation_qrels: dict[str, dict[str, int]]
+    relevance_level: int
 
 
 def load_encoder(source: str, spec: DenseTrialSpec) -> BiEncoder:
@@ -259,5 +269,5 @@ def rescored_candidates(encoder: BiEncoder, candidates: dict[str, list], batch_s
     return run
 
 
-__all__ = ["DenseBatch", "DenseEpochs", "DenseObjective", "HEADS_FILE", "MODEL_DIR", "STATE_FILE", "load_encoder",
+__all__ = ["DenseBatch", "DenseEpochs", "DenseInputs", "DenseObjective", "HEADS_FILE", "MODEL_DIR", "STATE_FILE", "load_encoder",
            "rescored_candidates", "train_dense", "training_rows"]
