@@ -17,11 +17,10 @@ These are the code's names; MLflow stores them grouped by slashes (``test/ndcg_a
 from __future__ import annotations
 
 from workloads.evaluation import MEASURES
+from workloads.kinds import SELECTOR_DATA_TAG as SELECTOR_DATA_TAG  # a kind's tag (the selectors' data)
 from workloads.kinds import TRIAL_KINDS, kind_of
-from workloads.kinds.rerank.augmentation.supervised import SELECTOR_DATA_TAG as SELECTOR_DATA_TAG  # the selector kind's tag
-from workloads.kinds.rerank.epoch_metrics import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, WEIGHT_METRIC
-from workloads.kinds.selector.kind import KIND as SELECTOR_KIND
 from workloads.training import SELECTION_METRIC
+from workloads.training.epoch_metrics import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, WEIGHT_METRIC
 
 # ----------------------------------------------------------------------------- tags
 
@@ -35,7 +34,7 @@ WINNER_TAG = "rerank_lab.winner"        # on a cell: its winning trial run; on t
 WINNER_PARAMS_TAG = "winner_params"
 BASELINE_TAG = "baseline"
 CHECKPOINT_TAG = "best_checkpoint"      # on a trial run: its chosen epoch's checkpoint; on a selector run: the trained selector
-# SELECTOR_DATA_TAG (imported above, the selector kind's): on a selector run and its cells, cell or full
+# SELECTOR_DATA_TAG (imported above, the kinds' protocol): on a selector run and its cells, cell or full
 FAILURE_TAG = "failure"                 # error | oom | evaluation | all trials failed | requirement
 PRUNED_TAG = "pruned_at_epoch"          # a trial run its cell's pruner stopped (status KILLED): the last epoch it trained
 INTERRUPTED_TAG = "rerank_lab.interrupted"  # a run Ctrl-C stopped (status KILLED): resumed by the next run of the command
@@ -54,7 +53,9 @@ EXPERIMENT_KIND = "custom_model_development"  # MLflow 3 opens such experiments 
 
 # Run kinds (KIND_TAG values).
 SWEEP, CELL, TRIAL = "sweep", "cell", "trial"  # a re-ranking trial's runs are TRIAL (its kind's run_kind)
-SELECTOR = SELECTOR_KIND.run_kind  # the selector report reads them
+# the runs of the trials a sweep's plan groups as its selectors (``TrialKind.plan_group``): status and the report read them
+SELECTORS_GROUP = "selectors"
+SELECTOR = next(kind.run_kind for kind in TRIAL_KINDS.values() if kind.plan_group == SELECTORS_GROUP)
 
 
 def run_kinds() -> tuple[str, ...]:

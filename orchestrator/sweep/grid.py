@@ -28,7 +28,6 @@ from orchestrator.core.config import input_error, read_yaml, validate
 from orchestrator.lifecycle.targets import target_overlap, targets
 from workloads.core.errors import InputError
 from workloads.kinds import DEFAULT_KIND, TRIAL_KINDS, GridCell, GridError, SearchedParameter, TrialKind, kind_of
-from workloads.kinds.rerank.spec import SIRSpec
 from workloads.spec import FirstStageSpec
 
 __all__ = ["Cell", "Choices", "FloatRange", "GridError", "LevelChoices", "SearchSpec", "SweepSpec", "ZeroShotTarget",
@@ -66,8 +65,10 @@ class LevelChoices(_Strict):
 
     @model_validator(mode="after")
     def _shrinking(self) -> LevelChoices:
+        checks = [p.check for kind in TRIAL_KINDS.values() for p in kind.searched if "levels" in p.spaces and p.check]
         for levels in self.choices:
-            SIRSpec(variant="v3", levels=levels)  # the curriculum's own rule (shrinking, at least 2)
+            for check in checks:
+                check(levels)  # the curriculum's own rule (shrinking, at least 2), as the kind declares it
         return self
 
     def for_levels(self, count: int) -> list[str]:

@@ -4,9 +4,9 @@ import pytest
 
 from workloads.evaluation import evaluate
 from workloads.evaluation.reranking import WEIGHT_GRID, interpolate, merge_with_first_stage, tune_weight
-from workloads.kinds.rerank.epoch_metrics import WEIGHT_METRIC
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.kinds.rerank.steps import final_interpolation
+from workloads.training.epoch_metrics import WEIGHT_METRIC
 
 FIRST_STAGE = {"q": {"d1": 10.0, "d2": 8.0, "d3": 6.0, "d4": 1.0}}  # d4 lies below the re-ranking depth
 CROSS_ENCODER = {"q": {"d1": -1.0, "d2": 3.0, "d3": 1.0}}

@@ -35,7 +35,7 @@ from workloads.kinds.lifecycle import (
     run_in_process,
     run_steps,
 )
-from workloads.kinds.protocol import GridCell, GridError, KindGrid, KindReport, SearchedParameter, TrialKind
+from workloads.kinds.protocol import SELECTOR_DATA_TAG, GridCell, GridError, KindGrid, KindReport, SearchedParameter, TrialKind
 from workloads.kinds.registry import (
     DEFAULT_KIND,
     TRIAL_KINDS,
@@ -46,6 +46,7 @@ from workloads.kinds.registry import (
     requirements,
 )
 
-__all__ = ["DEFAULT_KIND", "TRIAL_KINDS", "EpochRecord", "GridCell", "GridError", "InProcessSteps", "KindGrid", "KindReport",
-           "SearchedParameter", "TrialKind", "TrialSteps", "choose_epoch", "kind_named", "kind_of", "kind_with_run_kind",
-           "register_kind", "requirements", "result_summary", "run_in_process", "run_steps"]
+__all__ = ["DEFAULT_KIND", "SELECTOR_DATA_TAG", "TRIAL_KINDS", "EpochRecord", "GridCell", "GridError",
+           "InProcessSteps", "KindGrid", "KindReport", "SearchedParameter", "TrialKind", "TrialSteps",
+           "choose_epoch", "kind_named", "kind_of", "kind_with_run_kind", "register_kind", "requirements",
+           "result_summary", "run_in_process", "run_steps"]

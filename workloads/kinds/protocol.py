@@ -22,6 +22,11 @@ from workloads.core.errors import InputError
 from workloads.core.paths import stable_key
 from workloads.data.identity import local_directory
 
+# A tag a kind's runs carry that the control plane reads (the report's table of selectors): on
+# a selector run and on the cells it serves, the data it was trained on, cell (the cell's N
+# pairs) or full (every training query).
+SELECTOR_DATA_TAG = "rerank_lab.selector_data"
+
 
 @dataclass(frozen=True, kw_only=True)
 class SearchedParameter:
@@ -31,7 +36,8 @@ class SearchedParameter:
     ``lambda`` for ``lambda_``) and its MLflow param; ``path``: where the value goes in the
     spec's dump (``("ear", "alpha")``); ``spaces``: what ``search:`` may give it, ``range``
     (low/high/log), ``choices`` or ``levels`` (SIR schedules); ``convert``: the spec's value of
-    a sampled one (``"48-16"`` -> ``[48, 16]``)."""
+    a sampled one (``"48-16"`` -> ``[48, 16]``); ``check``: raises ValueError for a value of
+    ``search:`` the spec can never take (SIR levels that do not shrink), when the sweep file is read."""
 
     name: str
     path: tuple[str, ...]
@@ -40,6 +46,7 @@ class SearchedParameter:
     alias: str | None = None
     convert: Callable[[Any], Any] | None = None
     prepares_data: bool = False  # each value is a prepared set of its own (k_a's augmentations, n's expansions)
+    check: Callable[[Any], None] | None = None  # a value of search: the spec can never take raises ValueError
 
     def compatible(self, other: SearchedParameter) -> bool:
         """Two kinds declaring one name alike (where it goes in their specs may differ)."""
@@ -241,5 +248,5 @@ class KindReport:
     comparison: dict = field(default_factory=dict)
 
 
-__all__ = ["GridCell", "GridError", "KindGrid", "KindReport", "Problems", "SearchedParameter", "TrialKind",
+__all__ = ["SELECTOR_DATA_TAG", "GridCell", "GridError", "KindGrid", "KindReport", "Problems", "SearchedParameter", "TrialKind",
            "check_collections", "require_known_dataset"]

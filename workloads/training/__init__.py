@@ -7,6 +7,8 @@
 - :mod:`~workloads.training.objective`: the encoder and its loss as one module, GradCache
   micro-batches;
 - :mod:`~workloads.training.spot`: AWS's spot interruption notice, which asks for a save inside the epoch.
+- :mod:`~workloads.training.epoch_metrics`: what every kind's epochs report, by name (the run store's
+  vocabulary of them).
 """
 
 from workloads.training.loop import PROGRESS_FILE, SELECTION_METRIC, Reporter, report_epoch, seed_everything

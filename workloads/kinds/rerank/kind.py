@@ -12,20 +12,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from workloads.evaluation.reranking import Reranking
-from workloads.kinds.protocol import SearchedParameter, TrialKind
+from workloads.kinds.protocol import SELECTOR_DATA_TAG, SearchedParameter, TrialKind
 from workloads.kinds.rerank.augmentation.scorers import SUPERVISED_METHODS
-from workloads.kinds.rerank.augmentation.supervised import SELECTOR_DATA_TAG, trained_selectors
-from workloads.kinds.rerank.epoch_metrics import WEIGHT_METRIC
+from workloads.kinds.rerank.augmentation.supervised import trained_selectors
 from workloads.kinds.rerank.grid import RERANK_GRID
 from workloads.kinds.rerank.identity import rerank_axes, rerank_key
 from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE
 from workloads.kinds.rerank.preflight import configuration_problems, preflight_trial
-from workloads.kinds.rerank.spec import LOSS_HYPERPARAMETERS, TrialSpec
+from workloads.kinds.rerank.spec import LOSS_HYPERPARAMETERS, SIRSpec, TrialSpec
 from workloads.kinds.rerank.steps import evaluate_checkpoint, final_interpolation, prepare_trial
 from workloads.kinds.rerank.train import TrainingInputs, train_cross_encoder
 from workloads.losses import PARAMETERS, searchable_parameters
 from workloads.retrieval.first_stage import FIRST_STAGES
 from workloads.retrieval.mining import mining_requires
+from workloads.training.epoch_metrics import WEIGHT_METRIC
+
+
+def check_levels(levels: list[int]) -> None:
+    """SIR levels a sweep may search: the curriculum's own rule (shrinking, at least 2)."""
+    SIRSpec(variant="v3", levels=levels)
+
 
 # What a re-ranking cell's search may draw, where each value sits in its spec: the learning
 # rate, every loss hyper-parameter a loss declares searchable (``workloads.losses``, in
@@ -39,7 +45,7 @@ SEARCHED = (
                       description="k_a, the sentences an augmenter keeps"),
     SearchedParameter(name="sir_levels", path=("sir", "levels"), spaces=("levels",),
                       description="SIR's K per level (cells with a curriculum)",
-                      convert=lambda value: [int(k) for k in str(value).split("-")]),
+                      convert=lambda value: [int(k) for k in str(value).split("-")], check=check_levels),
 )
 
 

@@ -24,7 +24,6 @@ from workloads.evaluation.reranking import Reranking, rerank_and_evaluate
 from workloads.kinds.rerank.augmentation import build_augmentation_sets, rows_without_sentences
 from workloads.kinds.rerank.augmentation.scorers import SUPERVISED_METHODS
 from workloads.kinds.rerank.augmentation.supervised import trained_selectors
-from workloads.kinds.rerank.epoch_metrics import WEIGHT_METRIC
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.kinds.rerank.train import TrainingInputs
 from workloads.kinds.rerank.training_sets import (
@@ -39,6 +38,7 @@ from workloads.retrieval.bm25 import read_trec_run
 from workloads.retrieval.first_stage import FirstStageRun, first_stage_run
 from workloads.retrieval.mining import build_miner
 from workloads.text.perturbations import perturb_queries
+from workloads.training.epoch_metrics import WEIGHT_METRIC
 
 BASELINE_DEPTH = 1000  # BM25 is scored on its top-1000, as in Pyserini's BEIR regressions
 

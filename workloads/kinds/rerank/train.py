@@ -25,7 +25,6 @@ from workloads.evaluation import PRIMARY_METRIC
 from workloads.evaluation.reranking import rerank_and_evaluate
 from workloads.kinds.rerank.batching import make_batch, plan_epoch, row_negatives, rows_per_batch
 from workloads.kinds.rerank.curriculum import CurriculumObjective
-from workloads.kinds.rerank.epoch_metrics import CROSS_ENCODER_PREFIX, validation_metrics
 from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE, InEpochCheckpoints
 from workloads.kinds.rerank.sir import compress_blocks, compressed_rows
 from workloads.kinds.rerank.spec import TrialSpec
@@ -33,6 +32,7 @@ from workloads.losses import build_loss
 from workloads.models.cross_encoder import CrossEncoder, autocast_dtype, compile_encoder, score_pairs
 from workloads.retrieval.bm25 import read_trec_run
 from workloads.text.tokenized import TokenizedPairs
+from workloads.training.epoch_metrics import CROSS_ENCODER_PREFIX, validation_metrics
 from workloads.training.loop import (
     EarlyStopping,
     Reporter,

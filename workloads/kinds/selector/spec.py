@@ -15,7 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from workloads.core.paths import cache_dir, stable_key
-from workloads.kinds.rerank.augmentation.supervised import SELECTOR_DATA_TAG, SelectorSpec
+from workloads.kinds.protocol import SELECTOR_DATA_TAG
+from workloads.kinds.rerank.augmentation.supervised import SelectorSpec
 from workloads.kinds.rerank.spec import OptimizationSpec, TrialSpec
 from workloads.kinds.selector import SELECTORS
 from workloads.spec import DataSpec, FirstStageSpec, ModelSpec, ResourcesSpec, TrainingDataSpec

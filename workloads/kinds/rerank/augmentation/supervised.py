@@ -16,9 +16,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# on a selector run and on the cells it serves: cell (the cell's N pairs) or full (every training query)
-SELECTOR_DATA_TAG = "rerank_lab.selector_data"
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

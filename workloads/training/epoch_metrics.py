@@ -1,5 +1,6 @@
-"""What the re-ranking kind's epochs report, by name: the run store, the sweep and the report
-read these names, so they live apart from the training code (no torch to import for them)."""
+"""What every kind's epochs report, by name (the loop's and the re-ranking kind's interpolation):
+the run store, the sweep and the report read these names, so they live in the layer every kind
+shares, apart from any kind."""
 
 from __future__ import annotations
 
