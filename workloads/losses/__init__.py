@@ -4,9 +4,10 @@ A new loss is one module plus one registration: a ``PairLoss`` subclass declarin
 and its hyper-parameters, once, as typed ``declared_parameters`` (:class:`Parameter`, see
 ``workloads.losses.base``), and one line in ``RANKING_LOSSES`` or ``CONTRASTIVE_LOSSES``.
 Everything else is generated from the declarations: the ``LossSpec`` fields with their
-types, defaults, bounds and descriptions, and their validation (``workloads.spec``),
-construction (:func:`build_loss`), the sweep's search space (``SearchSpec`` in
-``orchestrator.sweep.grid``) and trial identity (``orchestrator.core.schema.trial_key``
+types, defaults, bounds and descriptions, and their validation (``workloads.kinds.rerank.spec``),
+construction (:func:`build_loss`), the sweep's search space (the re-ranking kind's searched
+parameters, ``workloads.kinds.rerank.kind``, generated into ``SearchSpec`` in
+``orchestrator.sweep.grid``) and trial identity (``workloads.kinds.rerank.identity.rerank_key``
 leaves a new parameter out of the key where it is not read or at its ``keyed_default``, so
 trials tracked before it existed keep their identity). The combination
 (:class:`RankingWithContrastive`) declares the parameters of its weightings the same way

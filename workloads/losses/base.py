@@ -11,10 +11,10 @@ Each loss declares its hyper-parameters once, as typed :class:`Parameter` declar
 field and the constructor argument it feeds, its type (``float``, ``int`` or a ``Literal`` of
 choices), default, bounds, description, whether a sweep may search it, and the value that
 reproduces what trials computed before it existed (``keyed_default``). Everything else is
-generated from these declarations: the ``LossSpec`` field (``workloads.spec``), the
-construction (``workloads.losses.build_loss``), the sweep's search space (``SearchSpec`` in
-``orchestrator.sweep.grid``) and the parameter's part in a trial's identity
-(``orchestrator.core.schema.trial_key``). ``hyperparameters`` (field -> argument) and
+generated from these declarations: the ``LossSpec`` field (``workloads.kinds.rerank.spec``), the
+construction (``workloads.losses.build_loss``), the sweep's search space (the re-ranking kind's
+searched parameters, generated into ``SearchSpec`` in ``orchestrator.sweep.grid``) and the
+parameter's part in a trial's identity (``workloads.kinds.rerank.identity.rerank_key``). ``hyperparameters`` (field -> argument) and
 ``searchable`` (the searchable fields) are derived from them, never declared. Several losses
 reading one ``LossSpec`` field share one declaration (``MARGIN`` here, ``TAU`` and
 ``CONTRASTIVE_MARGIN`` in ``workloads.losses.contrastive``; :meth:`Parameter.taken_as` when a
@@ -81,7 +81,7 @@ class Parameter:
 
     ``keyed_default`` is the value that computes what trials computed before the parameter
     existed (default: ``default``): a trial whose losses do not read the parameter, or read
-    it at that value, keeps the identity it had then (``orchestrator.core.schema.trial_key``).
+    it at that value, keeps the identity it had then (``workloads.kinds.rerank.identity.rerank_key``).
     Give it only when the parameter's default computes something new, e.g. a reading added
     with a new default.
     """

@@ -1,9 +1,10 @@
-"""One re-ranking trial: prepare its data, choose its epoch, evaluate a checkpoint on test.
+"""One re-ranking trial's steps on the driver: prepare its data, evaluate a checkpoint on test.
 
 The orchestrator calls :func:`prepare_trial` on the driver, runs
-:func:`workloads.training.train_cross_encoder` in Ray Train workers and
-:func:`evaluate_checkpoint` for the chosen epoch; the re-ranking trial kind
-(:mod:`workloads.kinds`) names these steps for every command.
+:func:`workloads.kinds.rerank.train.train_cross_encoder` in Ray Train workers and
+:func:`evaluate_checkpoint` for the epoch chosen on validation
+(:func:`workloads.kinds.choose_epoch`, the rule of every kind); the re-ranking kind's
+declaration (:mod:`workloads.kinds.rerank.kind`) names these steps for every command.
 """
 
 from __future__ import annotations
