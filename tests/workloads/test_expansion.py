@@ -21,7 +21,8 @@ from workloads.kinds.ear.loss import ear_loss
 from workloads.kinds.ear.retrieval import best_rank, expansion_ranks, expansion_runs
 from workloads.kinds.ear.sources import EXPANSION_SOURCES, STOP_WORDS, expansions, generator, pseudo_relevance
 from workloads.kinds.ear.spec import RUN_FILE, EarSpec, EarTrialSpec, ear_key, load_ear_trial, trained_ear
-from workloads.kinds.ear.steps import pair_texts, prepare_ear, train_ear
+from workloads.kinds.ear.steps import prepare_ear
+from workloads.kinds.ear.train import pair_texts, train_ear
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.kinds.rerank.steps import prepare_trial
 from workloads.retrieval.bm25 import read_trec_run, retrieve

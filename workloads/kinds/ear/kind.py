@@ -1,9 +1,11 @@
 """The EAR trial kind's declaration (``KIND``): what the control plane asks of it.
 
-Its steps are :mod:`workloads.kinds.ear.steps` (prepare, train, test, keep); its spec and
-identity :mod:`workloads.kinds.ear.spec`; its sweep grid :mod:`workloads.kinds.ear.grid`; the
-first stage it serves (``method: ear``) :mod:`workloads.kinds.ear.first_stage`. Registered with
-one line in :data:`workloads.kinds.TRIAL_KINDS`.
+Its steps are :mod:`workloads.kinds.ear.steps` (prepare, test, keep) and
+:mod:`workloads.kinds.ear.train` (train, once per worker); its preflight
+:mod:`workloads.kinds.ear.preflight`; its spec and identity :mod:`workloads.kinds.ear.spec`;
+its sweep grid :mod:`workloads.kinds.ear.grid`; the first stage it serves (``method: ear``)
+:mod:`workloads.kinds.ear.first_stage`. Registered with one line in
+:data:`workloads.kinds.TRIAL_KINDS`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from workloads.kinds.ear.grid import EAR_GRID
 from workloads.kinds.ear.preflight import ear_preflight
 from workloads.kinds.ear.report import ear_report
 from workloads.kinds.ear.spec import COMPLETE_MARKER, EarTrialSpec, ear_axes, ear_dir, ear_key, ear_requirement_tags, trained_ear
-from workloads.kinds.ear.steps import STATE_FILE, EarInputs, keep_ear, prepare_ear, test_ear, train_ear
+from workloads.kinds.ear.steps import keep_ear, prepare_ear, test_ear
+from workloads.kinds.ear.train import STATE_FILE, EarInputs, train_ear
 from workloads.kinds.protocol import SearchedParameter, TrialKind
 
 # What an EAR cell's search draws, and where each value sits in its trial spec.

@@ -3,7 +3,7 @@
 An EAR trial (``kind: ear`` in a trial file) expands every query of its splits, labels each
 expansion with the rank BM25 gives the query's first relevant document when searching with
 it, and trains a cross-encoder to choose, without labels, the expansion BM25 will do best
-with (:mod:`workloads.kinds.ear.steps`). Its kept result, in ``<cache>/ear/<key>/``
+with (:mod:`workloads.kinds.ear.train`). Its kept result, in ``<cache>/ear/<key>/``
 (:func:`ear_dir`), is the TREC run of the chosen expansions of its train, validation and test
 queries: a re-ranking trial with ``first_stage: {method: ear, run: <this file>}`` re-ranks
 what EAR retrieved (:mod:`workloads.kinds.ear.first_stage`).
