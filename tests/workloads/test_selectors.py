@@ -29,7 +29,7 @@ from workloads.kinds.selector import AttentionSelector, LinearSelector, relaxed_
 from workloads.kinds.selector.features import SentenceTokenizer, TokenizedText, collate
 from workloads.kinds.selector.select_and_rank import SelectAndRank
 from workloads.kinds.selector.spec import SelectorTrialSpec, selector_trial, trained_selector
-from workloads.kinds.selector.steps import SelectorInputs, train_selector
+from workloads.kinds.selector.train import SelectorInputs, train_selector
 
 
 def _tokens(query: list[int], sentences: list[list[int]]) -> tuple[TokenizedText, TokenizedText]:

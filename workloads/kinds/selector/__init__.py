@@ -2,7 +2,7 @@
 
 ``SELECTORS`` is the registry (method name -> module scoring every sentence of a document
 for a query). A selector is trained as its own trial kind with a cross-encoder ranker
-(:mod:`workloads.kinds.selector.steps`, select-and-rank) and then scores sentences for
+(:mod:`workloads.kinds.selector.train`, select-and-rank) and then scores sentences for
 augmentation (``workloads.kinds.rerank.augmentation.scorers``).
 """
 

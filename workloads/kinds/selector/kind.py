@@ -2,7 +2,8 @@
 with a cross-encoder ranker (select-and-rank), required by the re-ranking trials that augment
 with it and installed in the cache they share.
 
-Its steps are :mod:`workloads.kinds.selector.steps`; its spec and identity
+Its steps are :mod:`workloads.kinds.selector.steps` (prepare, test, install) and
+:mod:`workloads.kinds.selector.train` (train, once per worker); its spec and identity
 :mod:`workloads.kinds.selector.spec`. It has no sweep grid of its own: a grid's cells
 require it. Registered with one line in :data:`workloads.kinds.TRIAL_KINDS`.
 """
@@ -23,14 +24,8 @@ from workloads.kinds.selector.spec import (
     selector_trial,
     trained_selector,
 )
-from workloads.kinds.selector.steps import (
-    STATE_FILE,
-    SelectorInputs,
-    evaluate_selector_checkpoint,
-    install_selector,
-    prepare_selector,
-    train_selector,
-)
+from workloads.kinds.selector.steps import evaluate_selector_checkpoint, install_selector, prepare_selector
+from workloads.kinds.selector.train import STATE_FILE, SelectorInputs, train_selector
 
 
 def _test(checkpoint: Path, prepared, spec: SelectorTrialSpec, chosen: dict, device=None) -> Reranking:
