@@ -30,11 +30,11 @@ def units_of(path: Path) -> tuple[str, list]:
     except (OSError, yaml.YAMLError):
         is_sweep = False  # the loaders below say what is wrong, with the line
     if is_sweep:
-        from orchestrator.sweep.grid import expand_grid, load_sweep
+        from orchestrator.sweep.grid import load_sweep
         from orchestrator.sweep.plan import preparation_units
 
         sweep = load_sweep(path)
-        return sweep.name, preparation_units(sweep, expand_grid(sweep))
+        return sweep.name, preparation_units(sweep, sweep.cells)
     from orchestrator.cli.run import selected_trials
 
     experiment, specs = selected_trials(argparse.Namespace(config=str(path)))

@@ -43,7 +43,7 @@ DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core.execution import check_ray_address
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
-    from orchestrator.sweep.grid import check_targets, expand_grid, load_sweep
+    from orchestrator.sweep.grid import check_targets, load_sweep
     from orchestrator.sweep.plan import dry_run_report, preflight
     from orchestrator.sweep.runner import run_sweep
     from orchestrator.sweep.store import claim_store, sweep_paths
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.sweep.estimate import choose_profile, estimate, load_throughputs
 
         profile = choose_profile(sweep, args.device, args.throughput)  # the options checked before any work
-        check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
+        check_targets(sweep, sweep.cells)  # by the queries of local collections too; nothing is prepared
         from orchestrator.core.staging import staging_problems
         from orchestrator.sweep.grid import sweep_specs
 

@@ -23,13 +23,9 @@ def preflight(spec) -> list[str]:
     return list(problems)
 
 
-def configuration_problems(spec) -> list[str]:
-    """What in the trial's file can never run, whatever is installed or downloaded. One line each."""
-    return kind_of(spec).configuration_problems(spec)
-
-
 def refuse_configuration_problems(specs: Iterable, source: str) -> None:
-    """One line (exit 2) for the first of :func:`configuration_problems` of any of ``specs``
+    """One line (exit 2) for the first of the problems that can never run, whatever is installed or
+    downloaded (its kind's ``configuration_problems``), of any of ``specs``
     (a unit lists its required trials too: each is checked by its own kind), before anything
     is prepared or written."""
     seen: set[str] = set()
@@ -37,6 +33,6 @@ def refuse_configuration_problems(specs: Iterable, source: str) -> None:
         if (identity := f"{type(spec).__name__}:{spec.model_dump_json()}") in seen:
             continue
         seen.add(identity)
-        problems = configuration_problems(spec)
+        problems = kind_of(spec).configuration_problems(spec)
         if problems:
             raise InputError(f"{source}: trial {spec.name}", problems[0])

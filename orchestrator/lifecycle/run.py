@@ -24,10 +24,9 @@ from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.identity import (
     close_kept_run,
     finished_run,
-    run_key,
-    shared,
     test_data_identity,
     training_data_identity,
+    trial_key,
 )
 from orchestrator.lifecycle.results import TrialResult
 from orchestrator.lifecycle.targets import TargetResult, log_target, submit_evaluations, targets
@@ -73,7 +72,7 @@ def keep_result(kind: TrialKind, spec, checkpoint: str, chosen: dict[str, float]
     own test data; ``recorded``: what its run recorded besides (the training summary, times)."""
     import ray
 
-    if not shared(kind):
+    if not kind.keeps_result:
         return None
     summary = {**result_summary(chosen, tested), **recorded}
     return ray.get(submit_task(spec, kind.keep, spec, Path(checkpoint), summary))
@@ -86,7 +85,7 @@ class RayTrialSteps:
                  experiment: str | None, experiment_id: str | None, tags: dict[str, str], interrupted) -> None:
         self.tracker, self.storage_path, self.ray_address, self.force = tracker, storage_path, ray_address, force
         self.experiment, self._experiment_id, self.tags, self.interrupted = experiment or spec.name, experiment_id, tags, interrupted
-        self.key = run_key(spec)
+        self.key = trial_key(spec)
         self.targets = targets(spec)
         self.run_id: str | None = None
         self.started = time.perf_counter()
@@ -106,7 +105,7 @@ class RayTrialSteps:
             close_kept_run(self.tracker, self.experiment_id(), self.key, kept, kind.result_file)
             log.info("%s %s already trained: reusing %s", kind.name, spec.name, kept)
             return TrialResult.from_metrics("", True, {}, names, kept)
-        if shared(kind):  # its result is found where it is kept, never in the store
+        if kind.keeps_result:  # its result is found where it is kept, never in the store
             return None
         self.data, self.test_data = training_data_identity(spec), test_data_identity(self.targets)
         finished = None if self.force else finished_run(self.tracker, self.key, self.data, self.test_data)
@@ -142,7 +141,7 @@ class RayTrialSteps:
         return prepared
 
     def _start_run(self, kind: TrialKind, spec, prepared) -> None:
-        if shared(kind):  # tagged as the trials that read it are: its data is part of its key
+        if kind.keeps_result:  # tagged as the trials that read it are: its data is part of its key
             tags = kind.requirement_tags(spec)
         else:
             tags = {**kind.axes(spec), schema.DATA_TAG: self.data, schema.TEST_DATA_TAG: self.test_data}
@@ -158,7 +157,7 @@ class RayTrialSteps:
         # epoch checkpoint. A shared result's name is its content key; a trial's holds its data's
         # identity, so a run on changed data starts afresh, and --force starts a fresh run instead
         # of restoring the finished one.
-        if shared(kind):
+        if kind.keeps_result:
             run_name = f"{kind.name}-{kind.key(spec)}"
         else:
             run_name = f"{spec.name}-{self.key}-{self.data[:8]}" + (f"-{int(time.time())}" if self.force else "")
@@ -183,7 +182,7 @@ class RayTrialSteps:
         now = time.perf_counter()
         self.metrics = {**self.summary, **timing(self.train_wall, self.summary), **self.times,
                         schema.TIME_EVALUATION: now - test_started, schema.TIME_TRIAL: now - self.started}
-        if shared(kind):  # early stopping: how many epochs ran
+        if kind.keeps_result:  # early stopping: how many epochs ran
             self.metrics[schema.EPOCHS_RUN] = float(len(self.epochs))
         return tested
 

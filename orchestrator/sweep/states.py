@@ -9,7 +9,7 @@ from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.identity import test_data_identity
 from orchestrator.lifecycle.targets import targets
-from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid
+from orchestrator.sweep.grid import Cell, SweepSpec
 
 STATUS_OK = "ok"  # tested on the data it has today; the other states: see cell_states
 
@@ -25,10 +25,9 @@ def cell_states(sweep: SweepSpec, tracker: Tracker) -> tuple[str | None, list[tu
         runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'",
                                           max_results=50_000)
     by_key = {r.data.tags.get(schema.TRIAL_KEY_TAG): r for r in runs}
-    cells = expand_grid(sweep)
+    cells = sweep.cells
     runnable = next((c for c in cells if c.spec is not None), None)
-    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
-    test_data = test_data_identity(targets(runnable.spec, zero_shot)) if runnable is not None and runs else None
+    test_data = test_data_identity(targets(runnable.spec, sweep.zero_shot_targets)) if runnable is not None and runs else None
     states = []
     for cell in cells:
         run = by_key.get(cell.key)

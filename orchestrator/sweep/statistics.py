@@ -24,7 +24,7 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
-from orchestrator.sweep.grid import SweepSpec, expand_grid
+from orchestrator.sweep.grid import SweepSpec
 from workloads.core.logs import get_logger
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.evaluation.statistics import compare_uncertainty, seed_summary
@@ -92,7 +92,7 @@ def log_cell_statistics(sweep: SweepSpec, tracker: Tracker, experiment_id: str) 
     systems: dict[tuple, dict] = {}
     members: dict[tuple, list[str]] = {}
     incomplete = set()
-    for cell in expand_grid(sweep):
+    for cell in sweep.cells:
         key = tuple(cell.axes.get(a, "") for a in SYSTEM_AXES)
         run = by_key.get(cell.key)
         if cell.spec is None or run is None or run.info.status != "FINISHED":

@@ -42,7 +42,6 @@ from orchestrator.sweep.retention import keep_chosen_and_last
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
-    PRUNED_AT,
     TRAIN_RUN,
     CellStudiesSearcher,
     finished_trials,
@@ -52,7 +51,7 @@ from orchestrator.sweep.search import (
 from workloads.core.errors import InputError
 from workloads.core.logs import configure as configure_logging
 from workloads.core.logs import get_logger
-from workloads.kinds import kind_named
+from workloads.kinds import kind_named, kind_of
 
 log = get_logger("sweep")
 
@@ -89,7 +88,7 @@ def _sweep_trial(config: dict) -> None:
         raise
     epochs = epoch_results(result)
     if pruned.exists():  # stopped by its cell's pruner: an outcome, not a result (Tune insists on the metric)
-        ray.tune.report({PRUNED_AT: max((int(e.metrics["epoch"]) for e in epochs), default=0),
+        ray.tune.report({schema.PRUNED_TAG: max((int(e.metrics["epoch"]) for e in epochs), default=0),
                          schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan"))})
         return
     summary, best = training_summary([e.metrics for e in epochs]), chosen(epochs)  # as every trial of every kind
@@ -145,7 +144,7 @@ def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStu
             if trial.state == optuna.trial.TrialState.PRUNED:
                 run = open_runs.get(f"{cell_key}/{trial.user_attrs.get(TRAIN_RUN)}")
                 if run is not None:
-                    mark_pruned(tracker, run.info.run_id, trial.user_attrs.get(PRUNED_AT, 0))
+                    mark_pruned(tracker, run.info.run_id, trial.user_attrs.get(schema.PRUNED_TAG, 0))
                     closed += 1
                 continue
             done = trial.state == optuna.trial.TrialState.COMPLETE
@@ -306,7 +305,7 @@ class MlflowTrialLogger(Callback):
             tags = {schema.PARENT_TAG: self.cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
                     schema.SWEEP_TAG: self.sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
                     schema.DATA_TAG: training_data_identity(spec),
-                    **schema.axes(spec), **config.get("axes", {}), **config.get("tags", {})}
+                    **kind_of(spec).axes(spec), **config.get("axes", {}), **config.get("tags", {})}
             params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()},
                       **schema.comparison_params(config.get("axes", {}), config["params"])}
             self.runs[trial.trial_id] = self.tracker.start_trial_run(self.experiment_id, config["train_run"], key, params, tags)

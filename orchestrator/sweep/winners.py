@@ -17,9 +17,8 @@ from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.identity import test_data_identity
 from orchestrator.lifecycle.run import keep_result
 from orchestrator.lifecycle.targets import log_target, submit_evaluations, targets
-from orchestrator.sweep.plan import zero_shot_targets
 from orchestrator.sweep.retention import keep_winners
-from orchestrator.sweep.search import TRAIN_RUN, apply_params, optuna_storage
+from orchestrator.sweep.search import TRAIN_RUN, optuna_storage
 from workloads.core.logs import get_logger
 from workloads.kinds import kind_of
 
@@ -43,8 +42,8 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
             continue
         winner = max(complete, key=lambda t: t.value)
         child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
-        spec = apply_params(cell.spec, winner.params)
-        evaluation_targets = targets(spec, zero_shot_targets(sweep))
+        spec = kind_of(cell.spec).apply_params(cell.spec, winner.params)
+        evaluation_targets = targets(spec, sweep.zero_shot_targets)
         test_data = test_data_identity(evaluation_targets)
         run = tracker.client.get_run(run_id)
         if run.info.status == "FINISHED":
@@ -74,7 +73,7 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
             results = [job.result() for job in jobs]
             for result in results:
                 log_target(tracker, run_id, result, run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
-            keep_winner(tracker, run_id, apply_params(cell.spec, winner.params), child, results[0].reranking)
+            keep_winner(tracker, run_id, kind_of(cell.spec).apply_params(cell.spec, winner.params), child, results[0].reranking)
         except Exception as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
             tracker.fail(run_id, "evaluation", exc)
             raise
