@@ -185,14 +185,13 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     from orchestrator.core.execution import EpochResult
     from orchestrator.core.tracking import Tracker
     from orchestrator.lifecycle.identity import test_data_identity, trial_key
+    from orchestrator.lifecycle.run import log_training, timing, training_summary
     from orchestrator.lifecycle.targets import Target, TargetResult, collection_label, log_target, targets
-    from orchestrator.lifecycle.training import log_training, timing, training_summary
-    from orchestrator.sweep.plan import experiment_description
-    from orchestrator.sweep.progress import SweepProgress
+    from orchestrator.sweep.dry_run import experiment_description
     from orchestrator.sweep.runner import _cell_runs, migrate_trial_axes
     from orchestrator.sweep.search import TRAIN_RUN, CellStudiesSearcher
     from orchestrator.sweep.store import bind_store, sweep_paths
-    from orchestrator.sweep.tune import MlflowTrialLogger, reconcile_trial_runs
+    from orchestrator.sweep.tune import MlflowTrialLogger, SweepProgress, reconcile_trial_runs
     from workloads.evaluation.reranking import Reranking
     from workloads.kinds import kind_of, requirements
     from workloads.kinds.rerank.steps import choose_epoch
@@ -435,8 +434,8 @@ PROFILE_GROUPS = {  # (file fragment, function) whose cumulative time is reporte
     "optuna get_trials": ("optuna/study/study.py", "get_trials"),
     "project expand_grid": ("orchestrator/sweep/grid.py", "expand_grid"),
     "project load_sweep": ("orchestrator/sweep/grid.py", "load_sweep"),
-    "project dry_run_report": ("orchestrator/sweep/plan.py", "dry_run_report"),
-    "project progress (Optuna per cell)": ("orchestrator/sweep/plan.py", "progress"),
+    "project dry_run_report": ("orchestrator/sweep/dry_run.py", "dry_run_report"),
+    "project progress (Optuna per cell)": ("orchestrator/sweep/dry_run.py", "progress"),
     "project load_sweep_results": ("orchestrator/report/results.py", "load_sweep_results"),
     "project RunReader._load (per-query artifacts)": ("orchestrator/report/results.py", "_load"),
     "project grid_table": ("orchestrator/report/tables.py", "grid_table"),

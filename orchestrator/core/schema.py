@@ -134,7 +134,7 @@ def is_epoch_metric(name: str) -> bool:
 # keeps its order and a slash replaces one underscore, so the code's name is the stored one with
 # "/" read as "_": stores written before (flat names) read the same.
 _GROUPED_SUFFIXES = tuple(sorted((*MEASURES, "interpolation_weight"), key=len, reverse=True))
-# A cell's statistics of a measure (orchestrator.sweep.statistics) follow it in its section:
+# A cell's statistics of a measure (orchestrator.sweep.winners.log_cell_statistics) follow it in its section:
 # ``test_ndcg_at_10_ci_low`` -> ``test/ndcg_at_10_ci_low``.
 STATISTIC_SUFFIXES = ("seed_mean", "seed_std", "seeds", "difference", "ci_low", "ci_high")
 

@@ -4,7 +4,7 @@ sequence, each step lives in its own module.
 - Cells come from the loaded sweep (:attr:`~orchestrator.sweep.grid.SweepSpec.cells`, its grid expanded once); each has its own Optuna study
   (:mod:`orchestrator.sweep.search`) in ``<storage>/<sweep>/optuna.db``
   (:mod:`orchestrator.sweep.store`: whose it is, who runs it).
-- Before anything is written: the plan (:mod:`orchestrator.sweep.plan`), stale trials
+- Before anything is written: the plan (:mod:`orchestrator.sweep.dry_run`), stale trials
   (:mod:`orchestrator.sweep.status`), the cluster's room (:mod:`orchestrator.sweep.tune`), the
   cells' data.
 - One Tune run per invocation holds every remaining trial of every cell (one scheduling
@@ -19,7 +19,7 @@ sequence, each step lives in its own module.
   none start at once, and a failed selector fails only its cells. A rerun reuses a trained
   one and resumes a half-trained one.
 - After the search, each cell's winner is tested (:mod:`orchestrator.sweep.winners`) and the
-  seeds' statistics logged (:mod:`orchestrator.sweep.statistics`); ``on_finished`` (the command's
+  seeds' statistics logged (:func:`orchestrator.sweep.winners.log_cell_statistics`); ``on_finished`` (the command's
   report) runs last.
 """
 
@@ -42,14 +42,13 @@ from orchestrator.core.tracking import Tracker, check_sqlite_file
 from orchestrator.lifecycle.identity import trial_key
 from orchestrator.lifecycle.preparation import prepare_units
 from orchestrator.lifecycle.run import ensure_requirement
+from orchestrator.sweep.dry_run import data_variants, dry_run_report, experiment_description, preparation_units
 from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, sweep_file
-from orchestrator.sweep.plan import data_variants, dry_run_report, experiment_description, preparation_units
 from orchestrator.sweep.search import CellStudiesSearcher, finished_trials
-from orchestrator.sweep.statistics import log_cell_statistics
 from orchestrator.sweep.status import stale_trials
 from orchestrator.sweep.store import SweepPaths, bind_store, sweep_lock, sweep_paths
 from orchestrator.sweep.tune import check_cluster, search_cells
-from orchestrator.sweep.winners import evaluate_winners
+from orchestrator.sweep.winners import evaluate_winners, log_cell_statistics
 from workloads.core.errors import InputError
 from workloads.core.logs import get_logger
 from workloads.kinds import kind_of, requirements

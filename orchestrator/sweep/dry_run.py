@@ -1,7 +1,8 @@
-"""What a sweep is before it runs, read without computing anything: each cell's progress from
-the Optuna storage, the ``--dry-run`` report, the preflight (what would stop the sweep before it
-computes), the trials each cell requires first, its data variants and the MLflow experiment's
-description.
+"""``orchestrate sweep --dry-run``: what a sweep is before it runs, read without computing
+anything: each cell's progress from the Optuna storage, the report (:func:`dry_run`: counts,
+required trials, the compute estimate), the whole preflight (:func:`preflight`: the evaluation
+targets held out by their queries, what would stop any cell, what the workers' storage lacks),
+each cell's data variants and preparation units, and the MLflow experiment's description.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from dataclasses import dataclass
 import optuna
 
 from orchestrator.core import schema
+from orchestrator.core.staging import staging_problems
 from orchestrator.core.tracking import check_sqlite_file
 from orchestrator.lifecycle.identity import trial_key
-from orchestrator.lifecycle.preflight import preflight as trial_preflight
+from orchestrator.lifecycle.preparation import preflight as trial_preflight
 from orchestrator.lifecycle.preparation import trial_unit
 from orchestrator.lifecycle.targets import targets
-from orchestrator.sweep.grid import Cell, SweepSpec, sweep_file
+from orchestrator.sweep.estimate import choose_profile, estimate, load_throughputs
+from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, sweep_file, sweep_specs
 from orchestrator.sweep.search import COUNTED, count_finished, optuna_storage
 from orchestrator.sweep.store import SweepPaths
 from workloads.kinds import TRIAL_KINDS, kind_of, requirements
@@ -107,10 +110,24 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     }
 
 
+def dry_run(sweep: SweepSpec, paths: SweepPaths | None, device: str | None = None, throughput=None,
+            price_per_hour: float | None = None) -> dict:
+    """The ``--dry-run`` report: :func:`dry_run_report`, its ``preflight`` and the compute
+    ``estimate`` on the ``device`` throughput profile (the options checked before any work; the
+    evaluation targets held out by their queries, an error naming the YAML line)."""
+    profile = choose_profile(sweep, device, throughput)  # the options checked before any work
+    check_targets(sweep, sweep.cells)  # by the queries of local collections too; nothing is prepared
+    report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
+    left = {d["key"]: max(0, report["trials_per_cell"] - d["trials_done"]) for d in report["cells_detail"]}
+    report["estimate"] = estimate(sweep, profile, left, price_per_hour, compared=load_throughputs(throughput))
+    return report
+
+
 def preflight(sweep: SweepSpec) -> list[str]:
-    """What would stop the sweep before it computes anything, found without preparing (each
-    cell's kind's ``preflight``): every distinct model, collection, GloVe and run file of its
-    cells and zero-shot targets. One line each."""
+    """What would stop the sweep before it computes anything, found without preparing: each
+    cell's kind's ``preflight`` (every distinct model, collection, GloVe and run file of its
+    cells and zero-shot targets), then, offline, every prebuilt index name and what the workers'
+    storage lacks (:func:`orchestrator.core.staging.staging_problems`). One line each."""
     problems: dict[str, None] = {}
     cells = [c for c in sweep.cells if c.spec is not None]
     seen: set[tuple] = set()
@@ -122,7 +139,7 @@ def preflight(sweep: SweepSpec) -> list[str]:
     for target in (targets(cells[0].spec, sweep.zero_shot_targets) if cells and sweep.kind.grid.zero_shot else []):
         if target.spec.data.test_collection:
             problems.update(dict.fromkeys(p for p in trial_preflight(target.spec) if p not in problems))
-    return list(problems)
+    return list(dict.fromkeys([*problems, *staging_problems(sweep_specs(sweep))]))
 
 
 def data_variants(cell: Cell, sweep: SweepSpec) -> list:
