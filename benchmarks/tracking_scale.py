@@ -184,19 +184,16 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     from orchestrator.core import schema
     from orchestrator.core.execution import EpochResult
     from orchestrator.core.tracking import Tracker
-    from orchestrator.lifecycle.identity import requirement_run_key, test_data_identity
+    from orchestrator.lifecycle.identity import test_data_identity, trial_key
+    from orchestrator.lifecycle.run import log_training, timing, training_summary
     from orchestrator.lifecycle.targets import Target, TargetResult, collection_label, log_target, targets
-    from orchestrator.lifecycle.training import log_training, timing, training_summary
-    from orchestrator.sweep.grid import apply_params
-    from orchestrator.sweep.plan import experiment_description, zero_shot_targets
-    from orchestrator.sweep.progress import SweepProgress
+    from orchestrator.sweep.dry_run import experiment_description
     from orchestrator.sweep.runner import _cell_runs, migrate_trial_axes
-    from orchestrator.sweep.search import PRUNED_AT, TRAIN_RUN, CellStudiesSearcher
+    from orchestrator.sweep.search import TRAIN_RUN, CellStudiesSearcher
     from orchestrator.sweep.store import bind_store, sweep_paths
-    from orchestrator.sweep.tune import MlflowTrialLogger, reconcile_trial_runs
+    from orchestrator.sweep.tune import MlflowTrialLogger, SweepProgress, reconcile_trial_runs
     from workloads.evaluation.reranking import Reranking
-    from workloads.kinds import choose_epoch, kind_of
-    from workloads.kinds import requirements as requirements_needed
+    from workloads.kinds import choose_epoch, kind_of, requirements
     from workloads.kinds.selector.spec import COMPLETE_MARKER, selector_dir
 
     phases: dict[str, float] = {}
@@ -205,7 +202,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     sweep = sweep.model_copy(update={"search": sweep.search.model_copy(update={"trials_per_cell": args.trials})})
     paths = sweep_paths(sweep, storage_root)
     paths.root.mkdir(parents=True, exist_ok=True)
-    names = [t.name for t in targets(cells[0].spec, zero_shot_targets(sweep))]
+    names = [t.name for t in targets(cells[0].spec, sweep.zero_shot_targets)]
     collections = Collections(names, work / "collections", args.run_depth)
     phases["synthetic collections (not tracking)"] = time.perf_counter() - started
 
@@ -220,11 +217,11 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     tracker.client.update_run(root, status="RUNNING")
 
     # selectors (orchestrator.lifecycle.run_trial's tracking calls, without training)
-    selectors = requirements_needed([c.spec for c in cells])
+    selectors = requirements([c.spec for c in cells])
     for number, selector in enumerate(selectors):
         kind = kind_of(selector)
-        run_id = tracker.start_trial_run(experiment_id, selector.name, requirement_run_key(selector), schema.flat_params(selector),
-                                         {**schema.requirement_tags(selector), schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name},
+        run_id = tracker.start_trial_run(experiment_id, selector.name, trial_key(selector), schema.flat_params(selector),
+                                         {**kind.requirement_tags(selector), schema.PARENT_TAG: root, schema.SWEEP_TAG: sweep.name},
                                          kind=kind.name)
         tracker.log_json(run_id, "", "config.json", selector.model_dump(mode="json"))
         tracker.log_json(run_id, "", "data_stats.json", {"pairs": selector.training_data.size, "queries": 100})
@@ -286,7 +283,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
             logger.on_trial_result(0, [], trial, result)
             trial.last_result = result
             if trial_id in searcher.pruning:  # the cell's pruner stopped it: the trial reports where it stopped
-                result = {PRUNED_AT: int(epoch["epoch"]), schema.OBJECTIVE: epoch[schema.OBJECTIVE]}
+                result = {schema.PRUNED_TAG: int(epoch["epoch"]), schema.OBJECTIVE: epoch[schema.OBJECTIVE]}
                 searcher.on_trial_result(trial_id, result)
                 logger.on_trial_result(0, [], trial, result)
                 pruned += 1
@@ -307,14 +304,14 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     import optuna
 
     mark = time.perf_counter()
-    zero_shot = zero_shot_targets(sweep)
+    zero_shot = sweep.zero_shot_targets
     for cell in cells:
         run_id = cell_runs[cell.key]
         study = optuna.load_study(study_name=cell.key, storage=paths.optuna_url)
         complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
         winner = max(complete, key=lambda t: t.value)
         child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
-        spec = apply_params(cell.spec, winner.params)
+        spec = kind_of(cell.spec).apply_params(cell.spec, winner.params)
         evaluation_targets = targets(spec, zero_shot)
         test_data = test_data_identity(evaluation_targets)
         tracker.client.get_run(run_id)
@@ -436,8 +433,8 @@ PROFILE_GROUPS = {  # (file fragment, function) whose cumulative time is reporte
     "optuna get_trials": ("optuna/study/study.py", "get_trials"),
     "project expand_grid": ("orchestrator/sweep/grid.py", "expand_grid"),
     "project load_sweep": ("orchestrator/sweep/grid.py", "load_sweep"),
-    "project dry_run_report": ("orchestrator/sweep/plan.py", "dry_run_report"),
-    "project progress (Optuna per cell)": ("orchestrator/sweep/plan.py", "progress"),
+    "project dry_run_report": ("orchestrator/sweep/dry_run.py", "dry_run_report"),
+    "project progress (Optuna per cell)": ("orchestrator/sweep/dry_run.py", "progress"),
     "project load_sweep_results": ("orchestrator/report/results.py", "load_sweep_results"),
     "project RunReader._load (per-query artifacts)": ("orchestrator/report/results.py", "_load"),
     "project grid_table": ("orchestrator/report/tables.py", "grid_table"),

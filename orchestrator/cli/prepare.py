@@ -30,11 +30,11 @@ def units_of(path: Path) -> tuple[str, list]:
     except (OSError, yaml.YAMLError):
         is_sweep = False  # the loaders below say what is wrong, with the line
     if is_sweep:
-        from orchestrator.sweep.grid import expand_grid, load_sweep
-        from orchestrator.sweep.plan import preparation_units
+        from orchestrator.sweep.dry_run import preparation_units
+        from orchestrator.sweep.grid import load_sweep
 
         sweep = load_sweep(path)
-        return sweep.name, preparation_units(sweep, expand_grid(sweep))
+        return sweep.name, preparation_units(sweep, sweep.cells)
     from orchestrator.cli.run import selected_trials
 
     experiment, specs = selected_trials(argparse.Namespace(config=str(path)))
@@ -42,8 +42,7 @@ def units_of(path: Path) -> tuple[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.lifecycle.preflight import refuse_configuration_problems
-    from orchestrator.lifecycle.preparation import cache_files, fetch_models, prepare_units
+    from orchestrator.lifecycle.preparation import cache_files, fetch_models, prepare_units, refuse_configuration_problems
 
     name, units = units_of(Path(args.config))
     if not units:

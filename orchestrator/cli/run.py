@@ -67,7 +67,7 @@ def _first_stage_label(spec) -> str:
 def dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
     """What ``run`` would do, checked (models, collections, held-out targets) but not run: each
     trial's identity, then where its kind keeps its result, or the targets it is tested on."""
-    from orchestrator.lifecycle.preflight import preflight
+    from orchestrator.lifecycle.preparation import preflight
     from orchestrator.lifecycle.targets import target_overlap, targets
     from workloads.kinds import kind_of
 
@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.core.execution import check_ray_address
     from orchestrator.core.interrupts import Interrupted, interruptible
     from orchestrator.core.tracking import open_tracker
-    from orchestrator.lifecycle.identity import shared
-    from orchestrator.lifecycle.preflight import refuse_configuration_problems
+    from orchestrator.lifecycle.preparation import refuse_configuration_problems
     from orchestrator.lifecycle.run import run_trial
     from workloads.kinds import kind_of
 
@@ -119,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return dry_run(args.config, experiment, specs, args.json)
     check_ray_address(args.address)  # before the first write: a dead address leaves no store behind
-    if shared(kind):  # a result kept outside the store, shared by every trial that reads it
+    if kind.keeps_result:  # a result kept outside the store, shared by every trial that reads it
         if args.force:
             article = "an" if kind.title[:1].lower() in "aeiou" else "a"
             raise InputError("--force", f"{article} {kind.title}'s result is kept in the cache and shared by every trial "

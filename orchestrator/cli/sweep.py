@@ -43,8 +43,8 @@ DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core.execution import check_ray_address
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
-    from orchestrator.sweep.grid import check_targets, expand_grid, load_sweep
-    from orchestrator.sweep.plan import dry_run_report, preflight
+    from orchestrator.sweep.dry_run import dry_run
+    from orchestrator.sweep.grid import load_sweep
     from orchestrator.sweep.runner import run_sweep
     from orchestrator.sweep.store import claim_store, sweep_paths
 
@@ -54,18 +54,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
     if args.dry_run:
-        from orchestrator.sweep.estimate import choose_profile, estimate, load_throughputs
-
-        profile = choose_profile(sweep, args.device, args.throughput)  # the options checked before any work
-        check_targets(sweep, expand_grid(sweep))  # by the queries of local collections too; nothing is prepared
-        from orchestrator.core.staging import staging_problems
-        from orchestrator.sweep.grid import sweep_specs
-
-        # (and, offline, every prebuilt index name and what the workers' storage lacks: orchestrator.core.staging)
-        report = {**dry_run_report(sweep, paths), "preflight": list(dict.fromkeys(preflight(sweep) + staging_problems(sweep_specs(sweep))))}
-        left = {d["key"]: max(0, report["trials_per_cell"] - d["trials_done"]) for d in report["cells_detail"]}
-        report["estimate"] = estimate(sweep, profile, left, args.price_per_hour,
-                                      compared=load_throughputs(args.throughput))
+        report = dry_run(sweep, paths, args.device, args.throughput, args.price_per_hour)
     else:
         # Every check that can refuse comes before the first write: a Ray address that does not
         # answer or a storage that cannot be written leaves no MLflow store behind.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from workloads.evaluation import MEASURES
 from workloads.kinds import SELECTOR_DATA_TAG as SELECTOR_DATA_TAG  # a kind's tag (the selectors' data)
-from workloads.kinds import TRIAL_KINDS, kind_of
+from workloads.kinds import TRIAL_KINDS
 from workloads.training import SELECTION_METRIC
 from workloads.training.epoch_metrics import CROSS_ENCODER_PREFIX, EPOCH_METRIC_PREFIXES, EPOCH_METRICS, WEIGHT_METRIC
 
@@ -135,7 +135,7 @@ def is_epoch_metric(name: str) -> bool:
 # keeps its order and a slash replaces one underscore, so the code's name is the stored one with
 # "/" read as "_": stores written before (flat names) read the same.
 _GROUPED_SUFFIXES = tuple(sorted((*MEASURES, "interpolation_weight"), key=len, reverse=True))
-# A cell's statistics of a measure (orchestrator.sweep.statistics) follow it in its section:
+# A cell's statistics of a measure (orchestrator.sweep.winners.log_cell_statistics) follow it in its section:
 # ``test_ndcg_at_10_ci_low`` -> ``test/ndcg_at_10_ci_low``.
 STATISTIC_SUFFIXES = ("seed_mean", "seed_std", "seeds", "difference", "ci_low", "ci_high")
 
@@ -173,15 +173,7 @@ def measures(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix) and k.removeprefix(prefix) in MEASURES}
 
 
-# ----------------------------------------------------------------------------- axes, params, identity
-
-
-def axes(spec) -> dict[str, str]:
-    """A trial's grid coordinates (tags), its kind's: a sweep's trial runs and their cell run
-    carry the same values; searched hyper-parameters (k_a, lambda, tau, ...) are params, never
-    axes. Every kind names them alike (``model``, ``loss``, ``augmentation``, ``size``,
-    ``seed``, ``collection``), so status, reports and MLflow read every kind's runs alike."""
-    return kind_of(spec).axes(spec)
+# ----------------------------------------------------------------------------- params
 
 
 def comparison_params(cell_axes: dict[str, str], searched: dict) -> dict[str, str]:
@@ -193,12 +185,6 @@ def comparison_params(cell_axes: dict[str, str], searched: dict) -> dict[str, st
     on trial runs as ``section.field`` params."""
     return {**{a: str(cell_axes[a]) for a in GRID_AXES if a in cell_axes},
             **{name.rstrip("_"): str(value) for name, value in searched.items()}}
-
-
-def requirement_tags(required) -> dict[str, str]:
-    """A required trial's tags, its kind's: the axes it shares with the trials that use it (a
-    selector's, and which training data it saw; an EAR trial's, and its expansions and reranker)."""
-    return kind_of(required).requirement_tags(required)
 
 
 def flat_params(spec) -> dict[str, str]:
@@ -214,11 +200,3 @@ def flat_params(spec) -> dict[str, str]:
 
     walk("", spec.model_dump(mode="json", by_alias=True))
     return out
-
-
-def trial_key(spec) -> str:
-    """Identity of a trial's result, its kind's (``TrialKind.key``): everything that changes it
-    (its name and resources do not). A re-ranking trial's:
-    :func:`workloads.kinds.rerank.identity.trial_key`."""
-    return kind_of(spec).key(spec)
-

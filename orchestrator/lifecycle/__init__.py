@@ -2,12 +2,12 @@
 
 - :mod:`~orchestrator.lifecycle.run`: :func:`~orchestrator.lifecycle.run.run_trial` walks the
   steps of :func:`workloads.kinds.run_steps` (requirements -> prepare -> train -> choose the
-  epoch -> test every target -> keep -> log) on Ray, tracked in the run store;
+  epoch -> test every target -> keep -> log) on Ray, tracked in the run store; the chosen
+  epoch and the training summary; a trial's outcome, read from its run (``TrialResult``);
 - :mod:`~orchestrator.lifecycle.targets`: where a chosen checkpoint is tested and how;
-- :mod:`~orchestrator.lifecycle.training`: the chosen epoch and the training summary;
-- :mod:`~orchestrator.lifecycle.identity`: a trial's run key, its data's identity, reuse;
-- :mod:`~orchestrator.lifecycle.preflight`: what would stop a trial, asked of its kind;
-- :mod:`~orchestrator.lifecycle.preparation`: every trial's data, built before any training
-  (``orchestrate prepare``, and ``run`` and ``sweep`` before they train);
-- :mod:`~orchestrator.lifecycle.results`: a trial's outcome, read from its run.
+- :mod:`~orchestrator.lifecycle.identity`: a trial's key in the run store (``trial_key``), its
+  data's identity, reuse;
+- :mod:`~orchestrator.lifecycle.preparation`: what would stop a trial, asked of its kind, and
+  every trial's data, built before any training (``orchestrate prepare``, and ``run`` and
+  ``sweep`` before they train).
 """

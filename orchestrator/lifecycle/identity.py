@@ -1,8 +1,8 @@
 """A trial's identity in the run store, the identity of the data it read, and its reuse.
 
-A trial is found again by its run key: its kind's content key (``TrialKind.key``), or, for a
-kind whose result is kept outside the run store and shared by every trial that reads it (a
-selector, an EAR trial: ``TrialKind.result_file``), ``<kind>:<key>``. A finished run is reused
+A trial is found again by its key (:func:`trial_key`): its kind's content key (``TrialKind.key``), or,
+for a kind whose result is kept outside the run store and shared by every trial that reads it (a
+selector, an EAR trial: ``TrialKind.keeps_result``), ``<kind>:<key>``. A finished run is reused
 only for the same data.
 """
 
@@ -17,25 +17,17 @@ from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from workloads.core.paths import stable_key
 from workloads.data.identity import collection_identity
-from workloads.kinds import TrialKind, kind_of
+from workloads.kinds import kind_of
 
 log = logging.getLogger(__name__)
 
 
-def shared(kind: TrialKind) -> bool:
-    """Its result is kept outside the run store under an identity of its own and shared by every
-    trial that reads it (a selector, an EAR trial): found there, not in the store."""
-    return bool(kind.result_file)
-
-
-def run_key(spec) -> str:
-    """The key of the trial's run in the store."""
+def trial_key(spec) -> str:
+    """A trial's identity in the run store (its run's ``TRIAL_KEY_TAG``): its kind's content key
+    (``TrialKind.key``: everything that changes its result; its name and resources do not),
+    ``<kind>:<key>`` for a kind that keeps its result (``TrialKind.keeps_result``)."""
     kind = kind_of(spec)
-    return f"{kind.name}:{kind.key(spec)}" if shared(kind) else kind.key(spec)
-
-
-def requirement_run_key(required) -> str:
-    return run_key(required)
+    return f"{kind.name}:{kind.key(spec)}" if kind.keeps_result else kind.key(spec)
 
 
 def _first_stage_file(first_stage) -> str:

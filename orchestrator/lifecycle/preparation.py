@@ -6,19 +6,23 @@ sets, token ids, candidate lists) and each evaluation target's. Everything is ca
 content, so preparing again reuses what exists. ``orchestrate prepare`` runs the units of a
 trial file or a sweep on their own (on a cluster: on CPU nodes before any GPU is paid for);
 ``orchestrate sweep`` and ``run`` prepare the same units before they train.
+
+Before any of it, what would stop a trial is found offline, asked of its kind
+(``TrialKind.preflight`` and ``TrialKind.configuration_problems``): :func:`preflight` and
+:func:`refuse_configuration_problems`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.lifecycle.targets import targets
-from workloads.core.errors import RequirementNotTrained
+from workloads.core.errors import InputError, RequirementNotTrained
 from workloads.core.logs import get_logger
 from workloads.core.paths import cache_dir
-from workloads.kinds import kind_of
+from workloads.kinds import kind_of, requirements
 from workloads.models.cross_encoder import fetch_model
 
 log = get_logger("prepare")
@@ -102,3 +106,34 @@ def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
 
 
 __all__ = ["Unit", "UnitReport", "trial_unit", "prepare_units", "cache_files"]
+
+
+# ----------------------------------------------------------------------------- what would stop a trial
+
+def preflight(spec) -> list[str]:
+    """What would stop the trial before it computes anything (a model that cannot load here, a
+    collection that is neither local nor an ir_datasets id, a file that does not exist), then
+    what would stop each trial it requires (an EAR first stage's EAR trial). One line each."""
+    problems = dict.fromkeys(kind_of(spec).preflight(spec))
+    try:
+        required = requirements([spec])
+    except InputError as exc:  # a required trial's file that cannot be read
+        return list(problems | {str(exc): None})
+    for each in required:
+        problems |= dict.fromkeys(kind_of(each).preflight(each))
+    return list(problems)
+
+
+def refuse_configuration_problems(specs: Iterable, source: str) -> None:
+    """One line (exit 2) for the first of the problems that can never run, whatever is installed or
+    downloaded (its kind's ``configuration_problems``), of any of ``specs``
+    (a unit lists its required trials too: each is checked by its own kind), before anything
+    is prepared or written."""
+    seen: set[str] = set()
+    for spec in specs:
+        if (identity := f"{type(spec).__name__}:{spec.model_dump_json()}") in seen:
+            continue
+        seen.add(identity)
+        problems = kind_of(spec).configuration_problems(spec)
+        if problems:
+            raise InputError(f"{source}: trial {spec.name}", problems[0])

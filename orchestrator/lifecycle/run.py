@@ -8,14 +8,18 @@ tested as a Ray task, the result kept where the kind keeps one (a selector, an E
 everything logged from the driver under :mod:`orchestrator.core.schema`'s names.
 ``orchestrate run``, a required trial (:func:`ensure_requirement`) and the in-process runner
 (``workloads.kinds.run_in_process``) walk the same steps; a sweep's Tune trial trains and
-chooses with :mod:`~orchestrator.lifecycle.training`, and its winners are tested, kept and
-logged with :mod:`~orchestrator.lifecycle.targets` and :func:`keep_result`.
+chooses with :func:`chosen` and :func:`training_summary` (what a trial's training leaves: the
+same names for every command), and its winners are tested, kept and logged with
+:mod:`~orchestrator.lifecycle.targets` and :func:`keep_result`. A trial's outcome is read back
+typed (:class:`TrialResult`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core import schema
@@ -24,19 +28,104 @@ from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.identity import (
     close_kept_run,
     finished_run,
-    run_key,
-    shared,
     test_data_identity,
     training_data_identity,
+    trial_key,
 )
-from orchestrator.lifecycle.results import TrialResult
 from orchestrator.lifecycle.targets import TargetResult, log_target, submit_evaluations, targets
-from orchestrator.lifecycle.training import log_training, timing
 from workloads.evaluation.reranking import Reranking
-from workloads.kinds import TrialKind, kind_of, requirements, result_summary, run_steps
+from workloads.kinds import TrialKind, choose_epoch, kind_of, requirements, result_summary, run_steps
 
 log = logging.getLogger(__name__)
 
+# ----------------------------------------------------------------------------- a trial's outcome, typed
+
+@dataclass
+class Ranking:
+    """One ranking's measures on one set of queries (``model`` is the final ranking)."""
+
+    model: dict[str, float]
+    first_stage: dict[str, float]
+    cross_encoder: dict[str, float] = field(default_factory=dict)  # when the final ranking is fused
+    weight: float | None = None
+
+
+@dataclass
+class TrialResult:
+    """A trial's outcome: its run (empty for a kept result reused without one), whether it was
+    reused, the chosen epoch, its validation and test rankings, its timings, and where its
+    kind kept its result (None for a kind that keeps none)."""
+
+    run_id: str
+    reused: bool
+    best_epoch: int
+    validation: Ranking
+    tests: dict[str, Ranking]  # target name -> its rankings
+    timings: dict[str, float]
+    kept: Path | None = None
+
+    @classmethod
+    def from_metrics(cls, run_id: str, reused: bool, metrics: dict[str, float], target_names: Sequence[str],
+                     kept: Path | None = None) -> TrialResult:
+        validation = Ranking(schema.measures(metrics, f"{schema.BEST_PREFIX}{schema.VALIDATION_PREFIX}"),
+                             schema.measures(metrics, schema.first_stage_prefix("val")),
+                             schema.measures(metrics, f"{schema.BEST_PREFIX}{schema.VALIDATION_CROSS_ENCODER_PREFIX}"),
+                             metrics.get(f"{schema.BEST_PREFIX}{schema.TUNED_WEIGHT}"))
+        tests = {}
+        for name in target_names:
+            # runs tracked before one vocabulary logged the test weight unprefixed
+            weight = metrics.get(schema.weight_metric(name), metrics.get("interpolation_weight") if name == schema.TEST else None)
+            tests[name] = Ranking(schema.measures(metrics, schema.target_prefix(name)),
+                                  schema.measures(metrics, schema.first_stage_prefix(name)),
+                                  schema.measures(metrics, schema.cross_encoder_prefix(name)), weight)
+        timings = {k: v for k, v in metrics.items() if k.startswith("time_")}
+        return cls(run_id, reused, int(metrics.get(schema.BEST_EPOCH, 0)), validation, tests, timings, kept)
+
+
+# ----------------------------------------------------------------------------- what its training leaves
+
+# the epoch metrics (reported by the loop, once per attempt or per epoch) that break the overhead down
+OVERHEAD_PARTS = {schema.TIME_STARTUP: "epoch_startup_seconds", schema.TIME_SETUP: "epoch_setup_seconds",
+                  schema.TIME_CHECKPOINT: "epoch_checkpoint_seconds"}
+# what a trial run holds about its training besides best_*: training_summary and timing
+SUMMARY_METRICS = frozenset({schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIME_PER_EPOCH, schema.TIME_TRAIN_WALL,
+                             schema.TIME_OVERHEAD, *OVERHEAD_PARTS})
+
+
+def chosen(epochs: Sequence[EpochResult]) -> EpochResult:
+    """The epoch every command tests (:func:`workloads.kinds.choose_epoch`)."""
+    return epochs[choose_epoch([e.metrics for e in epochs])]
+
+
+def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, float]:
+    """What a trial run holds about its training once it ended: the chosen epoch, its ``val_*``
+    as ``best_val_*``, and the time spent in the loop. The same names for every command."""
+    best = epoch_metrics[choose_epoch(epoch_metrics)]
+    training = sum(m["epoch_train_seconds"] + m.get("epoch_validation_seconds", 0.0) for m in epoch_metrics)
+    return {
+        schema.BEST_EPOCH: best["epoch"],
+        **{f"{schema.BEST_PREFIX}{k}": v for k, v in best.items() if k.startswith(schema.VALIDATION_PREFIX)},
+        schema.TIME_TRAINING: training,
+        schema.TIME_PER_EPOCH: sum(m["epoch_train_seconds"] for m in epoch_metrics) / len(epoch_metrics),
+        **{name: sum(m.get(part, 0.0) for m in epoch_metrics) for name, part in OVERHEAD_PARTS.items()},
+    }
+
+
+def log_training(tracker: Tracker, run_id: str, epochs: Sequence[EpochResult]) -> tuple[dict[str, float], EpochResult]:
+    """Log every epoch's metrics (step = epoch) on ``run_id``; returns the training summary
+    and the chosen epoch."""
+    for epoch in epochs:
+        tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
+                            step=int(epoch.metrics["epoch"]))
+    return training_summary([e.metrics for e in epochs]), chosen(epochs)
+
+
+def timing(train_wall: float, summary: dict[str, float]) -> dict[str, float]:
+    """Ray Train's wall time and the overhead over the loop's own time."""
+    return {schema.TIME_TRAIN_WALL: train_wall, schema.TIME_OVERHEAD: train_wall - summary[schema.TIME_TRAINING]}
+
+
+# ----------------------------------------------------------------------------- the lifecycle on Ray
 
 def run_trial(spec, tracker: Tracker, storage_path: Path, ray_address: str | None = None, force: bool = False,
               experiment: str | None = None, experiment_id: str | None = None, tags: dict[str, str] | None = None,
@@ -73,7 +162,7 @@ def keep_result(kind: TrialKind, spec, checkpoint: str, chosen: dict[str, float]
     own test data; ``recorded``: what its run recorded besides (the training summary, times)."""
     import ray
 
-    if not shared(kind):
+    if not kind.keeps_result:
         return None
     summary = {**result_summary(chosen, tested), **recorded}
     return ray.get(submit_task(spec, kind.keep, spec, Path(checkpoint), summary))
@@ -86,7 +175,7 @@ class RayTrialSteps:
                  experiment: str | None, experiment_id: str | None, tags: dict[str, str], interrupted) -> None:
         self.tracker, self.storage_path, self.ray_address, self.force = tracker, storage_path, ray_address, force
         self.experiment, self._experiment_id, self.tags, self.interrupted = experiment or spec.name, experiment_id, tags, interrupted
-        self.key = run_key(spec)
+        self.key = trial_key(spec)
         self.targets = targets(spec)
         self.run_id: str | None = None
         self.started = time.perf_counter()
@@ -106,7 +195,7 @@ class RayTrialSteps:
             close_kept_run(self.tracker, self.experiment_id(), self.key, kept, kind.result_file)
             log.info("%s %s already trained: reusing %s", kind.name, spec.name, kept)
             return TrialResult.from_metrics("", True, {}, names, kept)
-        if shared(kind):  # its result is found where it is kept, never in the store
+        if kind.keeps_result:  # its result is found where it is kept, never in the store
             return None
         self.data, self.test_data = training_data_identity(spec), test_data_identity(self.targets)
         finished = None if self.force else finished_run(self.tracker, self.key, self.data, self.test_data)
@@ -142,7 +231,7 @@ class RayTrialSteps:
         return prepared
 
     def _start_run(self, kind: TrialKind, spec, prepared) -> None:
-        if shared(kind):  # tagged as the trials that read it are: its data is part of its key
+        if kind.keeps_result:  # tagged as the trials that read it are: its data is part of its key
             tags = kind.requirement_tags(spec)
         else:
             tags = {**kind.axes(spec), schema.DATA_TAG: self.data, schema.TEST_DATA_TAG: self.test_data}
@@ -158,7 +247,7 @@ class RayTrialSteps:
         # epoch checkpoint. A shared result's name is its content key; a trial's holds its data's
         # identity, so a run on changed data starts afresh, and --force starts a fresh run instead
         # of restoring the finished one.
-        if shared(kind):
+        if kind.keeps_result:
             run_name = f"{kind.name}-{kind.key(spec)}"
         else:
             run_name = f"{spec.name}-{self.key}-{self.data[:8]}" + (f"-{int(time.time())}" if self.force else "")
@@ -183,7 +272,7 @@ class RayTrialSteps:
         now = time.perf_counter()
         self.metrics = {**self.summary, **timing(self.train_wall, self.summary), **self.times,
                         schema.TIME_EVALUATION: now - test_started, schema.TIME_TRIAL: now - self.started}
-        if shared(kind):  # early stopping: how many epochs ran
+        if kind.keeps_result:  # early stopping: how many epochs ran
             self.metrics[schema.EPOCHS_RUN] = float(len(self.epochs))
         return tested
 

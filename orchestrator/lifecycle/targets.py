@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow.parquet as pq
 
@@ -36,11 +37,20 @@ class Target:
     spec: object
 
 
+class ZeroShot(NamedTuple):
+    """A zero-shot target: a collection's split, re-ranking its own first stage's candidates where
+    one is given (a sweep's ``zero_shot[]``; None: the trial's)."""
+
+    collection: str
+    split: str = "test"
+    first_stage: object | None = None
+
+
 def collection_label(collection: str, split: str) -> str:
     return collection.rstrip("/").rsplit("/", 1)[-1] + ("" if split == "test" else f":{split}")
 
 
-def targets(spec, zero_shot: Sequence[tuple] = ()) -> list[Target]:
+def targets(spec, zero_shot: Sequence[ZeroShot | tuple] = ()) -> list[Target]:
     """The trial's own test data (``data.test_collection`` or its collection, ``test_split``),
     its perturbed copies (``robustness``), then each zero-shot (collection, split[, first
     stage]): a target with its own first stage (a sweep's ``zero_shot[].first_stage``)

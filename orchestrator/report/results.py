@@ -18,7 +18,7 @@ from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.targets import collection_label
 from orchestrator.sweep.grid import Cell, SweepSpec
-from orchestrator.sweep.states import STATUS_OK, cell_states
+from orchestrator.sweep.status import STATUS_OK, cell_states
 from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.config import load_trials
+from orchestrator.lifecycle.identity import trial_key
 from orchestrator.report.results import STATUS_OK, RunReader
 from orchestrator.report.tables import Entry, Table, TableOptions, family_note
 from workloads.core.errors import InputError
@@ -244,7 +245,7 @@ def trial_file_robustness(tracker, path, test: str = "t", **options) -> Table:
     experiment, specs = load_trials(Path(path), TrialSpec)
     if not any(spec.robustness for spec in specs):
         raise InputError(path, "no trial sets robustness: nothing was tested perturbed")
-    runs = [tracker.find_run(None, schema.trial_key(spec), status="FINISHED") for spec in specs]
+    runs = [tracker.find_run(None, trial_key(spec), status="FINISHED") for spec in specs]
     return trials_robustness(tracker, experiment, specs, [r.info.run_id if r else None for r in runs], test, **options)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from orchestrator.sweep.grid import Cell, SweepSpec, expand_grid, sweep_file
+from orchestrator.sweep.grid import Cell, SweepSpec, sweep_file
 from workloads.core.errors import InputError
 from workloads.core.paths import data_dir
 from workloads.kinds import kind_of
@@ -253,7 +253,7 @@ def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] 
     reference = _flops_per_token(model_shape(profile.model)[0], profile.tokens) * profile.tokens
     cells, shapes, unknown = [], {}, set()
     work = {"train": 0.0, "score": 0.0}  # pairs x multiply-adds per pair, for the compared profiles
-    for cell in expand_grid(sweep):
+    for cell in sweep.cells:
         if cell.spec is None:
             continue
         if kind_of(cell.spec).cell_pairs is None:  # a kind without a cost model (TrialKind.cell_pairs): not counted
@@ -289,7 +289,7 @@ def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] 
         other_hours = (work["train"] / other.train_pairs_per_second + work["score"] / other.score_pairs_per_second) / own / 3600
         profiles.append({"name": other.name, "status": other.status, "range": other.range, "device_hours": other_hours,
                          "device_hours_range": list(hours_range(other_hours, other))})
-    required = {kind_of(r).key(r): kind_of(r).name for c in expand_grid(sweep) if c.spec is not None
+    required = {kind_of(r).key(r): kind_of(r).name for c in sweep.cells if c.spec is not None
                 for r in kind_of(c.spec).requires(c.spec)}
     kinds = ", ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in sorted(Counter(required.values()).items()))
     return {
@@ -318,7 +318,7 @@ def estimate(sweep: SweepSpec, profile: Throughput, trials_left: dict[str, int] 
 
 def default_profile(sweep: SweepSpec) -> str:
     """a10g (``cluster.yaml``'s GPU) for a grid that asks for GPUs, else the CPU profile."""
-    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    cells = [c for c in sweep.cells if c.spec is not None]
     return "a10g" if any(c.spec.resources.use_gpu is True for c in cells) else "cpu-2core"
 
 

@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from orchestrator.core import schema
 from orchestrator.core.config import input_error, read_yaml, validate
-from orchestrator.lifecycle.targets import target_overlap, targets
+from orchestrator.lifecycle.identity import trial_key
+from orchestrator.lifecycle.targets import ZeroShot, target_overlap, targets
 from workloads.core.errors import InputError
-from workloads.kinds import DEFAULT_KIND, TRIAL_KINDS, GridCell, GridError, SearchedParameter, TrialKind, kind_of
+from workloads.kinds import DEFAULT_KIND, TRIAL_KINDS, GridCell, GridError, SearchedParameter, TrialKind, kind_of, requirements
 from workloads.spec import FirstStageSpec
 
 __all__ = ["Cell", "Choices", "FloatRange", "GridError", "LevelChoices", "SearchSpec", "SweepSpec", "ZeroShotTarget",
-           "apply_params", "check_search", "expand_grid", "load_sweep", "sweep_specs"]
+           "check_search", "expand_grid", "load_sweep", "sweep_specs"]
 
 
 class _Strict(BaseModel):
@@ -163,6 +164,7 @@ def _grid_kind(value: Any) -> TrialKind:
 
 class SweepSpec(_Strict):
     _source: tuple = PrivateAttr(default=())  # (file, YAML key path -> line) when loaded from a file
+    _cells: list | None = PrivateAttr(default=None)  # the grid's cells, expanded once (by load_sweep or the first read)
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     base: dict[str, Any] = Field(description="trial fields shared by every cell: the trial spec of the base's kind "
@@ -177,6 +179,24 @@ class SweepSpec(_Strict):
     def kind(self) -> TrialKind:
         """The trial kind of its cells."""
         return _grid_kind(self.grid)
+
+    @property
+    def cells(self) -> list[Cell]:
+        """Every cell of the grid, expanded once and carried (:func:`expand_grid`, at load)."""
+        if self._cells is None:
+            self._cells = expand_grid(self)
+        return self._cells
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> SweepSpec:
+        copy = super().model_copy(update=update, deep=deep)
+        copy._cells = None  # a copy may be another grid (updated, or changed in place): expanded again when read
+        return copy
+
+    @property
+    def zero_shot_targets(self) -> list[ZeroShot]:
+        """Where the winners are tested besides their own test data, as :func:`~orchestrator.lifecycle.targets.targets`
+        reads them."""
+        return [ZeroShot(t.collection, t.split, t.first_stage) for t in self.zero_shot]
 
     @field_validator("grid", mode="before")
     @classmethod
@@ -215,6 +235,12 @@ class Cell(GridCell):
         return () if self.spec is None else kind_of(self.spec).searched_names(self.spec)
 
     @property
+    def requirements(self) -> list[str]:
+        """The trial keys of the trials the cell requires first: the selector it augments with, the
+        EAR trial whose run it re-ranks."""
+        return [trial_key(r) for r in requirements([self.spec])] if self.spec is not None else []
+
+    @property
     def tags(self) -> dict[str, str]:
         """MLflow tags of the cell's runs besides its axes (its kind's ``cell_tags``: which data
         trained a supervised selector)."""
@@ -236,11 +262,6 @@ def expand_grid(sweep: SweepSpec) -> list[Cell]:
     (model, size, seed))."""
     check_axis_values(sweep)
     return [Cell(c.key, c.axes, c.spec, c.unavailable, c.is_baseline) for c in sweep.kind.grid.expand(sweep)]
-
-
-def apply_params(spec, params: dict):
-    """The cell's spec with one sample of its search space applied (its kind's declarations say where)."""
-    return kind_of(spec).apply_params(spec, params)
 
 
 def _search_values(space) -> list:
@@ -285,7 +306,7 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
         shown = SearchSpec.model_fields[name].alias or name
         for value in _search_values(space):
             try:
-                apply_params(cell.spec, {name: value})
+                kind_of(cell.spec).apply_params(cell.spec, {name: value})
             except ValidationError as exc:
                 problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
                 return ("search", shown), f"search.{shown}: {value!r} is not a value {shown} can take ({problem})"
@@ -308,7 +329,7 @@ def load_sweep(path: Path) -> SweepSpec:
     data, lines = read_yaml(path)
     sweep = validate(data, SweepSpec, path, lines)
     try:
-        cells = expand_grid(sweep)
+        cells = sweep.cells
     except GridError as exc:
         where = [lines.get(("grid", axis, index)) for axis, index in exc.entries]
         shown = " and ".join(str(line) for line in where if line is not None)
@@ -371,7 +392,7 @@ def check_targets(sweep: SweepSpec, cells: list[Cell], query_ids: bool = True) -
     cell = next((c for c in cells if c.spec is not None), None)
     if cell is None or not sweep.kind.grid.zero_shot:  # (EAR carves validation from train; no zero-shot)
         return
-    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
+    zero_shot = sweep.zero_shot_targets
     evaluation_targets = targets(cell.spec, zero_shot)
     own = len(evaluation_targets) - len(zero_shot)
     for index, target in enumerate(evaluation_targets):
@@ -385,8 +406,7 @@ def check_targets(sweep: SweepSpec, cells: list[Cell], query_ids: bool = True) -
 
 def sweep_specs(sweep) -> list:
     """Every trial spec a sweep's runnable cells and their zero-shot targets prepare."""
-    cells = [c.spec for c in expand_grid(sweep) if c.spec is not None]
+    cells = [c.spec for c in sweep.cells if c.spec is not None]
     if not cells or not sweep.kind.grid.zero_shot:  # (its winners are tested on their own test split only)
         return cells
-    zero_shot = [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
-    return cells + [target.spec for target in targets(cells[0], zero_shot)[1:]]
+    return cells + [target.spec for target in targets(cells[0], sweep.zero_shot_targets)[1:]]

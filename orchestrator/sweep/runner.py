@@ -1,10 +1,10 @@
 """``orchestrate sweep``: the grid x Optuna x Ray Tune x MLflow, resumable; this module is the
 sequence, each step lives in its own module.
 
-- Cells come from :func:`orchestrator.sweep.grid.expand_grid`; each has its own Optuna study
+- Cells come from the loaded sweep (:attr:`~orchestrator.sweep.grid.SweepSpec.cells`, its grid expanded once); each has its own Optuna study
   (:mod:`orchestrator.sweep.search`) in ``<storage>/<sweep>/optuna.db``
   (:mod:`orchestrator.sweep.store`: whose it is, who runs it).
-- Before anything is written: the plan (:mod:`orchestrator.sweep.plan`), stale trials
+- Before anything is written: the plan (:mod:`orchestrator.sweep.dry_run`), stale trials
   (:mod:`orchestrator.sweep.status`), the cluster's room (:mod:`orchestrator.sweep.tune`), the
   cells' data.
 - One Tune run per invocation holds every remaining trial of every cell (one scheduling
@@ -19,7 +19,7 @@ sequence, each step lives in its own module.
   none start at once, and a failed selector fails only its cells. A rerun reuses a trained
   one and resumes a half-trained one.
 - After the search, each cell's winner is tested (:mod:`orchestrator.sweep.winners`) and the
-  seeds' statistics logged (:mod:`orchestrator.sweep.statistics`); ``on_finished`` (the command's
+  seeds' statistics logged (:func:`orchestrator.sweep.winners.log_cell_statistics`); ``on_finished`` (the command's
   report) runs last.
 """
 
@@ -39,21 +39,19 @@ from orchestrator.core import schema
 from orchestrator.core.execution import check_resources, init_ray
 from orchestrator.core.interrupts import Interrupted, interruptible
 from orchestrator.core.tracking import Tracker, check_sqlite_file
-from orchestrator.lifecycle.identity import requirement_run_key
+from orchestrator.lifecycle.identity import trial_key
 from orchestrator.lifecycle.preparation import prepare_units
 from orchestrator.lifecycle.run import ensure_requirement
-from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, expand_grid, sweep_file
-from orchestrator.sweep.plan import data_variants, dry_run_report, experiment_description, preparation_units, requirements_of
+from orchestrator.sweep.dry_run import data_variants, dry_run_report, experiment_description, preparation_units
+from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, sweep_file
 from orchestrator.sweep.search import CellStudiesSearcher, finished_trials
-from orchestrator.sweep.statistics import log_cell_statistics
 from orchestrator.sweep.status import stale_trials
 from orchestrator.sweep.store import SweepPaths, bind_store, sweep_lock, sweep_paths
 from orchestrator.sweep.tune import check_cluster, search_cells
-from orchestrator.sweep.winners import evaluate_winners
+from orchestrator.sweep.winners import evaluate_winners, log_cell_statistics
 from workloads.core.errors import InputError
 from workloads.core.logs import get_logger
-from workloads.kinds import kind_of
-from workloads.kinds import requirements as requirements_needed
+from workloads.kinds import kind_of, requirements
 
 log = get_logger("sweep")
 
@@ -84,7 +82,7 @@ def run_sweep(sweep: SweepSpec, tracker: Tracker, storage_root: Path, ray_addres
 
 def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_address: str | None, verbose: bool,
                interruption, max_concurrent: int | None = None) -> dict:
-    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    cells = [c for c in sweep.cells if c.spec is not None]
     if not cells:
         raise ValueError(f"sweep {sweep.name}: no cell has a workload yet")
     check_targets(sweep, cells)  # held out by their queries too, before anything is prepared
@@ -102,10 +100,10 @@ def _run_sweep(sweep: SweepSpec, tracker: Tracker, paths: SweepPaths, ray_addres
     # a worker no node can hold would wait forever; limits that cannot be read need a setting
     concurrency = check_cluster(sweep, cells, ray_address, max_concurrent)
     log.info("preparing data for %d cells", len(cells))
-    for selector in requirements_needed([c.spec for c in cells]):
+    for selector in requirements([c.spec for c in cells]):
         kind_of(selector).prepare(selector)  # its data is known good before anything is written
     prepared: dict = {}
-    supervised = [c for c in cells if requirements_of(c)]  # prepared once their required trials are kept
+    supervised = [c for c in cells if c.requirements]  # prepared once their required trials are kept
     _prepare_cells(sweep, [c for c in cells if c not in supervised], prepared)
 
     # MLflow is written once every input is known good.
@@ -280,7 +278,7 @@ def _start_requirements(sweep: SweepSpec, supervised: list[Cell], tracker: Track
     Once a cell's requirements are kept, its data is prepared (augmentations with the trained
     selector) and its trials may start; cells that need none do not wait for any. Returns cell
     key -> the Future the cell's trials wait for (its exception: why the cell cannot run)."""
-    required = requirements_needed([c.spec for c in supervised])
+    required = requirements([c.spec for c in supervised])
     if not required:
         return {}
     root = tracker.sweep_run(experiment_id, sweep.name)
@@ -305,7 +303,7 @@ def _start_requirements(sweep: SweepSpec, supervised: list[Cell], tracker: Track
 
     trained: dict[str, Future] = {}
     for number, each in enumerate(required, 1):
-        key = requirement_run_key(each)
+        key = trial_key(each)
         log.info("required trial %d/%d: %s %s (%s), trained beside the others", number, len(required), kind_of(each).name,
                  each.name, key)
         trained[key] = Future()
@@ -325,7 +323,7 @@ def _start_requirements(sweep: SweepSpec, supervised: list[Cell], tracker: Track
 
     groups: dict[tuple[str, ...], list[Cell]] = {}
     for cell in supervised:
-        groups.setdefault(tuple(requirements_of(cell)), []).append(cell)
+        groups.setdefault(tuple(cell.requirements), []).append(cell)
     gates = {}
     for needs, users in groups.items():
         ready: Future = Future()

@@ -21,8 +21,8 @@ from pathlib import Path
 import optuna
 from ray.tune.search import Searcher
 
-from orchestrator.core.schema import OBJECTIVE
-from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, apply_params, distinct_parameter_sets
+from orchestrator.core.schema import OBJECTIVE, PRUNED_TAG
+from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, distinct_parameter_sets
 from workloads.core.seeds import derived_seed
 from workloads.evaluation import SELECTION_PER_QUERY
 from workloads.kinds import kind_of
@@ -30,7 +30,6 @@ from workloads.kinds import kind_of
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
 FAILURE = "failure"          # user attr: why a trial failed (error, oom)
-PRUNED_AT = "pruned_at_epoch"  # user attr: the last epoch a pruned trial trained
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -248,7 +247,7 @@ class CellStudiesSearcher(Searcher):
             train_run = trial.user_attrs.get(TRAIN_RUN) or f"{cell.key}-t{trial.number}"
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
-            spec = apply_params(cell.spec, params)
+            spec = kind_of(cell.spec).apply_params(cell.spec, params)
             return {"cell": cell.key, "kind": kind_of(spec).name, "axes": cell.axes, "tags": cell.tags,
                     "optuna_trial": trial.number, "train_run": train_run, "params": params,
                     "spec": spec.model_dump(mode="json"), **self.extra_config}
@@ -275,8 +274,8 @@ class CellStudiesSearcher(Searcher):
         return trial, params  # a range drew the same floats 20 times: take it (practically unreachable)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if PRUNED_AT in result:  # the trial stopped on its cell's request (now or before a crash)
-            self.pruned[trial_id] = int(result[PRUNED_AT])
+        if PRUNED_TAG in result:  # the trial stopped on its cell's request (now or before a crash)
+            self.pruned[trial_id] = int(result[PRUNED_TAG])
             return
         self.should_prune(trial_id, result)
         if self.metric not in result:
@@ -334,7 +333,7 @@ class CellStudiesSearcher(Searcher):
             return  # stopped by Ctrl-C: left RUNNING, so the next run resumes it from its checkpoint
         if trial_id in self.pruned and not error:  # a recorded outcome: never retried, never a winner
             self.best_seen.pop(trial_id, None)
-            trial.set_user_attr(PRUNED_AT, self.pruned[trial_id])
+            trial.set_user_attr(PRUNED_TAG, self.pruned[trial_id])
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return
         failure = (result or {}).get("failure") if not error else "error"

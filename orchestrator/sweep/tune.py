@@ -10,13 +10,17 @@ scheduling pool), served by the cells' Optuna studies (:mod:`orchestrator.sweep.
 - How many trials run at once (:func:`check_cluster`), the stopper that ends the run on
   Ctrl-C, and the Tune callback :class:`MlflowTrialLogger`: every Tune trial logged as a child
   run of its cell, from the driver.
+- :class:`SweepProgress`: the live progress display (cells and trials done / running / failed,
+  elapsed, ETA).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import optuna
 import ray.tune
@@ -35,24 +39,22 @@ from orchestrator.core.execution import (
 )
 from orchestrator.core.tracking import Tracker, mark_pruned
 from orchestrator.lifecycle.identity import training_data_identity
-from orchestrator.lifecycle.training import SUMMARY_METRICS, chosen, timing, training_summary
+from orchestrator.lifecycle.run import SUMMARY_METRICS, chosen, timing, training_summary
 from orchestrator.sweep.grid import Cell, SweepSpec, sweep_file
-from orchestrator.sweep.progress import SweepProgress
-from orchestrator.sweep.retention import keep_chosen_and_last
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
-    PRUNED_AT,
     TRAIN_RUN,
     CellStudiesSearcher,
     finished_trials,
     requeue_interrupted,
     stop_file,
 )
+from orchestrator.sweep.winners import keep_chosen_and_last
 from workloads.core.errors import InputError
 from workloads.core.logs import configure as configure_logging
 from workloads.core.logs import get_logger
-from workloads.kinds import kind_named
+from workloads.kinds import kind_named, kind_of
 
 log = get_logger("sweep")
 
@@ -89,7 +91,7 @@ def _sweep_trial(config: dict) -> None:
         raise
     epochs = epoch_results(result)
     if pruned.exists():  # stopped by its cell's pruner: an outcome, not a result (Tune insists on the metric)
-        ray.tune.report({PRUNED_AT: max((int(e.metrics["epoch"]) for e in epochs), default=0),
+        ray.tune.report({schema.PRUNED_TAG: max((int(e.metrics["epoch"]) for e in epochs), default=0),
                          schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan"))})
         return
     summary, best = training_summary([e.metrics for e in epochs]), chosen(epochs)  # as every trial of every kind
@@ -145,7 +147,7 @@ def reconcile_trial_runs(tracker: Tracker, experiment_id: str, searcher: CellStu
             if trial.state == optuna.trial.TrialState.PRUNED:
                 run = open_runs.get(f"{cell_key}/{trial.user_attrs.get(TRAIN_RUN)}")
                 if run is not None:
-                    mark_pruned(tracker, run.info.run_id, trial.user_attrs.get(PRUNED_AT, 0))
+                    mark_pruned(tracker, run.info.run_id, trial.user_attrs.get(schema.PRUNED_TAG, 0))
                     closed += 1
                 continue
             done = trial.state == optuna.trial.TrialState.COMPLETE
@@ -306,7 +308,7 @@ class MlflowTrialLogger(Callback):
             tags = {schema.PARENT_TAG: self.cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
                     schema.SWEEP_TAG: self.sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
                     schema.DATA_TAG: training_data_identity(spec),
-                    **schema.axes(spec), **config.get("axes", {}), **config.get("tags", {})}
+                    **kind_of(spec).axes(spec), **config.get("axes", {}), **config.get("tags", {})}
             params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()},
                       **schema.comparison_params(config.get("axes", {}), config["params"])}
             self.runs[trial.trial_id] = self.tracker.start_trial_run(self.experiment_id, config["train_run"], key, params, tags)
@@ -356,3 +358,88 @@ class MlflowTrialLogger(Callback):
             return
         self.tracker.fail(run_id, "error", str(getattr(trial, "error_msg", None) or "error"))
         self.display.trial_ended(trial.config["cell"], failed=True)
+
+
+# ----------------------------------------------------------------------------- the live progress display
+# The sweep's live progress display: cells and trials done / running / failed, elapsed, ETA.
+# On a terminal it is one line rewritten in place; otherwise (CI, a file) a line is printed
+# whenever a trial ends. It writes to the stream the process had when it started, so it
+# stays visible while Ray's own output is sent to the sweep's log file.
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+class SweepProgress:
+    def __init__(self, sweep: str, finished_per_cell: dict[str, int], trials_per_cell: int, enabled: bool = True,
+                 stream: TextIO | None = None):
+        self.sweep = sweep
+        self.trials_per_cell = trials_per_cell
+        self.finished = dict(finished_per_cell)  # cell -> trials ended (complete or failed)
+        self.running: dict[str, int] = {}
+        self.failed = 0
+        self.epochs = 0
+        self.walls: list[float] = []
+        self.concurrency = 1
+        self.enabled = enabled
+        self._stream = stream  # None: the process's own stderr, looked up when written
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started = time.perf_counter()
+        self._shown = False
+
+    @property
+    def stream(self) -> TextIO:
+        # Not kept as an attribute: Tune pickles its callbacks (with this display) when the
+        # sweep starts, and cloudpickle pickles only sys.stdout and sys.stderr themselves,
+        # which, while Ray's output goes to the log file, sys.__stderr__ is not.
+        return self._stream or sys.__stderr__
+
+    # events (from the driver's Tune callback)
+    def trial_started(self, cell: str) -> None:
+        self.running[cell] = self.running.get(cell, 0) + 1
+        self._show()
+
+    def epoch_done(self) -> None:
+        self.epochs += 1
+        if self.tty:
+            self._show()
+
+    def trial_seconds(self, seconds: float) -> None:
+        self.walls.append(seconds)
+
+    def trial_ended(self, cell: str, failed: bool) -> None:
+        self.running[cell] = max(0, self.running.get(cell, 0) - 1)
+        self.finished[cell] = self.finished.get(cell, 0) + 1
+        self.failed += int(failed)
+        self._show(force_line=True)
+
+    # rendering
+    def line(self) -> str:
+        total = self.trials_per_cell * len(self.finished)
+        done = sum(self.finished.values())
+        running = sum(self.running.values())
+        cells_done = sum(1 for n in self.finished.values() if n >= self.trials_per_cell)
+        elapsed = time.perf_counter() - self.started
+        eta = "?"
+        if self.walls:
+            eta = _clock(sum(self.walls) / len(self.walls) * (total - done) / max(1, self.concurrency))
+        return (f"[sweep] {self.sweep}: cells {cells_done}/{len(self.finished)} done | trials {done}/{total} done, "
+                f"{running} running, {self.failed} failed | elapsed {_clock(elapsed)}, ETA {eta}")
+
+    def _show(self, force_line: bool = False) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line())
+            self._shown = True
+        elif force_line:
+            self.stream.write(self.line() + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,26 +1,50 @@
-"""A sweep's winners: after the search, each cell's best trial is tested on every target with the
-lifecycle's :func:`~orchestrator.lifecycle.targets.submit_evaluations` and
+"""A sweep's winners and what it keeps: after the search, each cell's best trial is tested on
+every target with the lifecycle's :func:`~orchestrator.lifecycle.targets.submit_evaluations` and
 :func:`~orchestrator.lifecycle.targets.log_target` on the cell run, which is then FINISHED; a
 winner of a kind that keeps its result (EAR) is kept as the trial of its parameters would be.
+
+What a sweep keeps on its storage (``storage.keep``, ``storage.log_models``) and how much: a
+finished trial keeps its chosen and last epoch checkpoints; once a cell's winner is tested,
+the other trials' Train runs go and the winner's model is logged to MLflow's artifact store.
+
+A finished sweep's uncertainty on its cell runs, as MLflow metrics the UI compares
+(:func:`log_cell_statistics`): once every cell is tested, each cell run of a system (a grid cell
+over its seeds) gets, per evaluation target (``test`` and each zero-shot collection) and measure
+of :data:`LOGGED_MEASURES`:
+
+- ``<target>/<measure>_seed_mean``, ``_seed_std`` (several seeds only) and ``_seeds``: the
+  system's mean over its seeds, their standard deviation and count;
+- ``<target>/<measure>_difference``, ``_ci_low`` and ``_ci_high`` (not on baselines): the mean
+  difference against the baseline (same model and size) and its paired bootstrap 95% interval,
+  over queries x seeds.
+
+MLflow keeps one value per run and metric, and the comparison of runs (a cell with each seed
+its own run) shows these beside the cell's own ``test/ndcg_at_10``. The statistics are
+:mod:`workloads.evaluation.statistics`', the same as the report's ``--ci`` (the report is not
+imported: this reads the per-query values the cells stored).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import optuna
 import yaml
 
 from orchestrator.core import schema
-from orchestrator.core.execution import init_ray
+from orchestrator.core.execution import IN_EPOCH_DIR, init_ray
 from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.identity import test_data_identity
 from orchestrator.lifecycle.run import keep_result
 from orchestrator.lifecycle.targets import log_target, submit_evaluations, targets
-from orchestrator.sweep.plan import zero_shot_targets
-from orchestrator.sweep.retention import keep_winners
-from orchestrator.sweep.search import TRAIN_RUN, apply_params, optuna_storage
+from orchestrator.sweep.grid import Cell, SweepSpec
+from orchestrator.sweep.search import COUNTED, TRAIN_RUN, optuna_storage
 from workloads.core.logs import get_logger
+from workloads.evaluation import PRIMARY_METRIC
+from workloads.evaluation.statistics import compare_uncertainty, seed_summary
 from workloads.kinds import kind_of
 
 log = get_logger("sweep")
@@ -43,8 +67,8 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
             continue
         winner = max(complete, key=lambda t: t.value)
         child = tracker.find_run(experiment_id, f"{cell.key}/{winner.user_attrs[TRAIN_RUN]}")
-        spec = apply_params(cell.spec, winner.params)
-        evaluation_targets = targets(spec, zero_shot_targets(sweep))
+        spec = kind_of(cell.spec).apply_params(cell.spec, winner.params)
+        evaluation_targets = targets(spec, sweep.zero_shot_targets)
         test_data = test_data_identity(evaluation_targets)
         run = tracker.client.get_run(run_id)
         if run.info.status == "FINISHED":
@@ -74,7 +98,7 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
             results = [job.result() for job in jobs]
             for result in results:
                 log_target(tracker, run_id, result, run_tag=f"rerank-lab.{sweep.name}.{cell.key}")
-            keep_winner(tracker, run_id, apply_params(cell.spec, winner.params), child, results[0].reranking)
+            keep_winner(tracker, run_id, kind_of(cell.spec).apply_params(cell.spec, winner.params), child, results[0].reranking)
         except Exception as exc:  # never left RUNNING: a rerun evaluates a FAILED cell again
             tracker.fail(run_id, "evaluation", exc)
             raise
@@ -130,3 +154,143 @@ def keep_winner(tracker: Tracker, run_id: str, spec, child, tested) -> None:
     if kind.report is not None:
         tracker.log_text(run_id, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), f"{kind.name}_trial.yaml")
         tracker.log_json(run_id, "", f"{kind.name}_comparison.json", kind.report(spec, kept).comparison)
+
+
+# ----------------------------------------------------------------------------- what a sweep keeps (storage.keep)
+
+def keep_chosen_and_last(train_run: Path, chosen: str | Path) -> None:
+    """Delete a trial's epoch checkpoints (``<train_run>/epoch-<n>``) but its chosen one (tested if
+    it wins) and its last. Only for a trial its cell's study holds as COMPLETE: Ray Train's own
+    record of the run still lists the deleted ones, so this run must never be fitted again."""
+    epochs = sorted(Path(train_run).glob("epoch-*"), key=lambda d: int(d.name.rpartition("-")[2]))
+    keep = {Path(chosen).name, epochs[-1].name if epochs else None}
+    for directory in epochs:
+        if directory.name not in keep:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def keep_winners(sweep: SweepSpec, tracker: Tracker, cells: list[Cell], cell_runs: dict[str, str], ray_storage: Path,
+                 optuna_url: str) -> None:
+    """For every tested cell: its winner's model as the cell run's artifact (``storage.log_models``)
+    and, with ``storage.keep: winners``, the other trials' checkpoints deleted. Idempotent, and
+    done for cells tested by an earlier invocation too (a driver killed in between)."""
+    for cell in cells:
+        run = tracker.client.get_run(cell_runs[cell.key])
+        winner_run = run.data.tags.get(schema.WINNER_TAG)
+        if run.info.status != "FINISHED" or not winner_run:
+            continue
+        winner = tracker.client.get_run(winner_run)
+        if sweep.storage.keep == "winners":  # also when the driver died before the trial logger trimmed it
+            keep_chosen_and_last(ray_storage / winner.info.run_name, winner.data.tags[schema.CHECKPOINT_TAG])
+        if sweep.storage.log_models and run.data.tags.get(schema.MODEL_TAG) != winner_run:
+            tracker.log_model(run.info.run_id, Path(winner.data.tags[schema.CHECKPOINT_TAG]))
+            tracker.set_tags(run.info.run_id, {schema.MODEL_TAG: winner_run})
+        if sweep.storage.keep != "winners":
+            continue
+        study = optuna.load_study(study_name=cell.key, storage=optuna_storage(optuna_url))
+        for trial in study.get_trials(deepcopy=False):
+            ended = trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) or (
+                trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get(COUNTED))  # never run again
+            name = trial.user_attrs.get(TRAIN_RUN)
+            if ended and name and name != winner.info.run_name:  # a trial run is named by its Train run
+                shutil.rmtree(ray_storage / name, ignore_errors=True)
+
+
+def checkpoint_disk_use(ray_storage: Path) -> dict:
+    """Bytes the sweep's trials hold on its storage (checkpoints, in-epoch state), in all and per
+    trial that holds any (``storage.keep`` decides what stays)."""
+    sizes = []
+    if ray_storage.is_dir():
+        for run in ray_storage.iterdir():  # a Train run per trial: epoch-<n>/ checkpoints, in-epoch state
+            if run.is_dir() and (any(run.glob("epoch-*")) or (run / IN_EPOCH_DIR).exists()):
+                sizes.append(sum(f.stat().st_size for f in run.rglob("*") if f.is_file()))
+    return {"disk_bytes": sum(sizes), "disk_trials": len(sizes),
+            "disk_per_trial_bytes": sum(sizes) / len(sizes) if sizes else None}
+
+
+# ----------------------------------------------------------------------------- the cells' statistics over seeds
+
+
+LOGGED_MEASURES = (PRIMARY_METRIC,)  # one measure: 6 numbers per target, not 6 per measure in every cell's charts
+SYSTEM_AXES = ("model", "loss", "augmentation", "size")
+
+
+def _per_query(tracker: Tracker, run, prefixes: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """prefix -> metric -> query -> value of one run (the prefixes it has)."""
+    artifacts = tracker.run_artifacts(run)
+    listed = {Path(a.path).name for a in artifacts.list_artifacts("per_query")}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for prefix in prefixes:
+            name = f"{prefix.rstrip('_')}.json"
+            if name in listed:
+                out[prefix] = json.loads(Path(artifacts.download_artifacts(f"per_query/{name}", tmp)).read_text())["per_query"]
+    return out
+
+
+def cell_statistics(systems: dict[tuple, dict], prefixes: list[str], measures=LOGGED_MEASURES) -> dict[tuple, dict[str, float]]:
+    """System key (SYSTEM_AXES values) -> its metrics (code names, ``test_ndcg_at_10_ci_low``).
+
+    ``systems``: key -> {"baseline": bool, "seeds": {seed: {prefix: {metric: {query: value}}}}}.
+    A system gets a target's numbers when every seed has it; a comparison when its baseline
+    (same model and size) has it too."""
+    def per_seed(system: dict, prefix: str, metric: str) -> dict[str, dict[str, float]] | None:
+        values = {seed: by_prefix.get(prefix, {}).get(metric) for seed, by_prefix in system["seeds"].items()}
+        return None if not values or any(v is None for v in values.values()) else values
+
+    out: dict[tuple, dict[str, float]] = {}
+    for key, system in systems.items():
+        baseline = next((s for k, s in systems.items() if s["baseline"] and k[0] == key[0] and k[3] == key[3]), None)
+        metrics: dict[str, float] = {}
+        for prefix in prefixes:
+            for metric in measures:
+                mine = per_seed(system, prefix, metric)
+                if mine is None:
+                    continue
+                summary = seed_summary(mine)
+                name = f"{prefix}{metric}"
+                metrics[f"{name}_seed_mean"] = summary.mean
+                metrics[f"{name}_seeds"] = float(summary.count)
+                if summary.std is not None:
+                    metrics[f"{name}_seed_std"] = summary.std
+                theirs = per_seed(baseline, prefix, metric) if baseline is not None and not system["baseline"] else None
+                if theirs is not None:
+                    uncertainty = compare_uncertainty(mine, theirs)
+                    metrics[f"{name}_difference"] = uncertainty.difference
+                    metrics[f"{name}_ci_low"] = uncertainty.interval.low
+                    metrics[f"{name}_ci_high"] = uncertainty.interval.high
+        out[key] = metrics
+    return out
+
+
+def log_cell_statistics(sweep: SweepSpec, tracker: Tracker, experiment_id: str) -> int:
+    """Log every finished system's statistics on its cell runs; the number of runs logged to."""
+    runs = tracker.client.search_runs([experiment_id], filter_string=f"tags.`{schema.KIND_TAG}` = '{schema.CELL}'",
+                                      max_results=50_000)
+    by_key = {r.data.tags.get(schema.TRIAL_KEY_TAG): r for r in runs}
+    prefixes = [schema.target_prefix(schema.TEST)] + [schema.target_prefix(t.name) for t in sweep.zero_shot]
+    systems: dict[tuple, dict] = {}
+    members: dict[tuple, list[str]] = {}
+    incomplete = set()
+    for cell in sweep.cells:
+        key = tuple(cell.axes.get(a, "") for a in SYSTEM_AXES)
+        run = by_key.get(cell.key)
+        if cell.spec is None or run is None or run.info.status != "FINISHED":
+            incomplete.add(key)
+            continue
+        system = systems.setdefault(key, {"baseline": cell.is_baseline, "seeds": {}})
+        system["seeds"][cell.axes.get("seed", "")] = _per_query(tracker, run, prefixes)
+        members.setdefault(key, []).append(run.info.run_id)
+    complete = {k: v for k, v in systems.items() if k not in incomplete}
+    try:
+        statistics = cell_statistics(complete, prefixes)
+    except ValueError as exc:  # seeds scored on different queries: the results stay as they are, the report says why
+        log.warning("%s: no seeds' statistics or intervals logged to the cell runs: %s", sweep.name, exc)
+        return 0
+    logged = 0
+    for key, metrics in statistics.items():
+        for run_id in members[key] if metrics else []:
+            tracker.log_metrics(run_id, metrics)
+            logged += 1
+    log.info("%s: seeds' mean and spread, and intervals against the baselines, logged to %d cell runs", sweep.name, logged)
+    return logged

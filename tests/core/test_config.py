@@ -6,8 +6,10 @@ import pytest
 import yaml
 
 from orchestrator.core.config import load_spec, load_trials
-from orchestrator.core.schema import axes, flat_params, trial_key
+from orchestrator.core.schema import flat_params
+from orchestrator.lifecycle.identity import trial_key
 from workloads.core.errors import InputError
+from workloads.kinds import kind_of
 from workloads.kinds.rerank.identity import _ALWAYS_KEYED_LOSS_PARAMETERS
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.kinds.selector.spec import selector_key, selector_trial
@@ -106,7 +108,7 @@ def test_valid_contrastive_spec_round_trips():
     assert TrialSpec.model_validate(spec.model_dump(mode="json")) == spec
 
     # searched values are params; the axes name the system (the same tags on cell and trial runs)
-    assert flat_params(spec)["loss.lambda"] == "0.3" and axes(spec)["augmentation"] == "bm25"
+    assert flat_params(spec)["loss.lambda"] == "0.3" and kind_of(spec).axes(spec)["augmentation"] == "bm25"
 
 
 def test_multi_trial_file_merges_base_and_points_at_override_lines(tmp_path):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 # the sweep's driver once for all cells; a cell counts its trials.
 RUN_ONLY = {"time_prepare_seconds", "time_evaluation_seconds"}
 SWEEP_ONLY = {"trials_complete"}
-# a cell's statistics over its seeds and against its baseline (orchestrator.sweep.statistics): a sweep's alone
+# a cell's statistics over its seeds and against its baseline (orchestrator.sweep.winners.log_cell_statistics): a sweep's alone
 SWEEP_STATISTICS = ("_seed_mean", "_seed_std", "_seeds", "_difference", "_ci_low", "_ci_high")
 
 

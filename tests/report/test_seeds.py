@@ -14,7 +14,7 @@ from orchestrator.report.results import load_sweep_results
 from orchestrator.report.tables import TableOptions, grid_table
 from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
-from orchestrator.sweep.statistics import log_cell_statistics
+from orchestrator.sweep.winners import log_cell_statistics
 from tests.report.test_report import QUERIES, _by_name, _evaluation
 from tests.workloads.test_statistics import _multi_reference
 

@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from orchestrator.core import schema
-from orchestrator.sweep.grid import SweepSpec, apply_params, expand_grid, load_sweep
+from orchestrator.sweep.grid import SweepSpec, expand_grid, load_sweep
 from workloads.core.errors import InputError
+from workloads.kinds import kind_of
 from workloads.kinds.ear.spec import EarTrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,8 +148,8 @@ def test_an_ear_grid_is_a_cell_per_model_reranker_and_seed_each_an_ear_trial():
     assert [(c.axes["loss"], c.axes["seed"]) for c in cells] == [("ear-ri", "1"), ("ear-ri", "2"), ("ear-rd", "1"), ("ear-rd", "2")]
     assert all(isinstance(c.spec, EarTrialSpec) and c.spec.seed == int(c.axes["seed"]) for c in cells)
     assert [c.spec.ear.reranker for c in cells] == ["ri", "ri", "rd", "rd"] and len({c.key for c in cells}) == 4
-    assert cells[0].axes == {k: v for k, v in schema.axes(cells[0].spec).items() if k != "collection"}
-    drawn = apply_params(cells[2].spec, {"alpha": 0.1, "max_rank": 150, "n": 10, "learning_rate": 1e-5})
+    assert cells[0].axes == {k: v for k, v in kind_of(cells[0].spec).axes(cells[0].spec).items() if k != "collection"}
+    drawn = kind_of(cells[2].spec).apply_params(cells[2].spec, {"alpha": 0.1, "max_rank": 150, "n": 10, "learning_rate": 1e-5})
     assert (drawn.ear.alpha, drawn.ear.max_rank, drawn.expansion.n, drawn.ear.learning_rate) == (0.1, 150, 10, 1e-5)
     assert drawn.ear.reranker == "rd" and drawn.name == cells[2].spec.name
 

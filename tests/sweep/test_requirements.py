@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from orchestrator.core.interrupts import Interruption
-from orchestrator.sweep import plan, runner
+from orchestrator.sweep import runner
 from orchestrator.sweep.grid import SweepSpec, expand_grid
 
 SELECTOR = {"epochs": 1, "batch_size": 8}
@@ -21,7 +21,7 @@ SWEEP = {"name": "s", "base": {"data": {"collection": "beir/scifact"}},
 def test_selectors_train_at_once_and_a_failed_one_fails_only_its_cells(monkeypatch, tmp_path):
     sweep = SweepSpec.model_validate(SWEEP)
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
-    supervised = [c for c in cells if plan.requirements_of(c)]
+    supervised = [c for c in cells if c.requirements]
     assert len(cells) == 3 and len(supervised) == 2
     together = threading.Barrier(2, timeout=20)  # both selectors must be in training at the same time
     prepared_cells: list[str] = []

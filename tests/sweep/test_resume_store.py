@@ -11,7 +11,6 @@ from orchestrator.sweep.runner import _cell_runs, migrate_trial_axes
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
-    PRUNED_AT,
     TRAIN_RUN,
     CellStudiesSearcher,
     finished_trials,
@@ -108,8 +107,8 @@ def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
     assert epochs("b", [0.1]) == [True]  # below a's 0.5 after epoch 1: asked to stop
     marker = stop_file(tmp_path / "ray", config["train_run"])
     assert marker.exists() and not stop_file(tmp_path / "ray", "other").exists()
-    searcher.on_trial_result("b", {PRUNED_AT: 1})  # what the trial reports once its loop returned
-    searcher.on_trial_complete("b", {PRUNED_AT: 1})
+    searcher.on_trial_result("b", {schema.PRUNED_TAG: 1})  # what the trial reports once its loop returned
+    searcher.on_trial_complete("b", {schema.PRUNED_TAG: 1})
     searcher.suggest("d")
     # best-so-far 0.65 is below a's 0.7 at epoch 3, but a trial that trained its last epoch is kept
     assert epochs("d", [0.55, 0.65, 0.1]) == [False] * 3
@@ -117,7 +116,7 @@ def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
     searcher.suggest("c")
     assert epochs("c", [0.9]) == [False]  # above the median; then the driver is killed
     states = {t.number: t.state for t in study.get_trials()}
-    assert states[1] == optuna.trial.TrialState.PRUNED and study.trials[1].user_attrs[PRUNED_AT] == 1
+    assert states[1] == optuna.trial.TrialState.PRUNED and study.trials[1].user_attrs[schema.PRUNED_TAG] == 1
     assert study.best_trial.number == 0  # a pruned trial is never the winner
 
     # a run left open by a killed driver is closed from the PRUNED outcome

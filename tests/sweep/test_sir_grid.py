@@ -7,10 +7,10 @@ import optuna
 import pytest
 import yaml
 
-from orchestrator.core import schema
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from orchestrator.sweep.search import apply_params, sample
+from orchestrator.sweep.search import sample
 from tests.helpers import by_kind, mlflow_runs, run_cli
+from workloads.kinds import kind_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,8 +42,8 @@ def test_a_cells_trial_carries_its_curriculum_and_the_trial_axes_match_the_cell(
     baseline, v4 = cells
     assert baseline.is_baseline and baseline.spec.sir is None and baseline.axes["loss"] == "sir"
     assert v4.spec.sir.variant == "v4" and v4.spec.training_data.negatives == 7 and v4.spec.training_data.size == 800
-    assert schema.axes(v4.spec)["loss"] == v4.axes["loss"] == "sir@v4[4-2]"  # cell and trial runs: one label
-    assert schema.trial_key(v4.spec) != schema.trial_key(baseline.spec)
+    assert kind_of(v4.spec).axes(v4.spec)["loss"] == v4.axes["loss"] == "sir@v4[4-2]"  # cell and trial runs: one label
+    assert kind_of(v4.spec).key(v4.spec) != kind_of(baseline.spec).key(baseline.spec)
 
 
 def test_v0_in_the_losses_and_grid_owned_training_data_are_refused():
@@ -66,7 +66,7 @@ def test_k_per_level_is_searched_among_schedules_of_the_cells_depth():
         study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))  # one study per cell, as a sweep
         for _ in range(12):
             params = sample(study.ask(), cell, search)
-            spec = apply_params(cell.spec, params)
+            spec = kind_of(cell.spec).apply_params(cell.spec, params)
             seen[len(cell.spec.sir.levels)].add(tuple(spec.sir.levels))
             assert spec.sir.variant == cell.spec.sir.variant and spec.training_data == cell.spec.training_data
     assert seen == {2: {(4, 2), (6, 2)}, 3: {(6, 4, 2), (5, 3, 2)}}

@@ -8,8 +8,7 @@ from orchestrator.lifecycle.targets import targets
 from orchestrator.report.results import load_sweep_results
 from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
-from orchestrator.sweep.states import STATUS_OK, cell_states
-from orchestrator.sweep.status import _cell_states
+from orchestrator.sweep.status import STATUS_OK, _cell_states, cell_states
 
 SWEEP = {"name": "states", "base": {"data": {"collection": "beir/scifact"}},
          "grid": {"models": ["tiny"], "losses": [{"ranking": "pointwise", "contrastive": "scl"},

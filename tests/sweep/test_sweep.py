@@ -293,7 +293,7 @@ def test_report_of_the_finished_sweep(failing_sweep):
     assert float(rows["baseline"]["value"]) == pytest.approx(baseline, abs=1e-12)
     scl = finished[("pointwise+scl", "bm25")].data.metrics["test_ndcg_at_10"]
     assert float(rows["bm25 / pointwise+scl"]["value"]) == pytest.approx(scl, abs=1e-12)
-    # the sweep logged the cell's seeds and its interval against the baseline (orchestrator.sweep.statistics)
+    # the sweep logged the cell's seeds and its interval against the baseline (orchestrator.sweep.winners.log_cell_statistics)
     logged = finished[("pointwise+scl", "bm25")].data.metrics
     assert logged["test_ndcg_at_10_seeds"] == 1 and logged["test_ndcg_at_10_seed_mean"] == pytest.approx(scl)
     assert logged["test_ndcg_at_10_difference"] == pytest.approx(scl - baseline, abs=1e-12)

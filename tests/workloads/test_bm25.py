@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.schema import trial_key
+from orchestrator.lifecycle.identity import trial_key
 from tests.helpers import run_cli
 from workloads.core.errors import InputError
 from workloads.data.collections import Collection

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from orchestrator.core.config import load_spec
-from orchestrator.core.schema import trial_key
+from orchestrator.lifecycle.identity import trial_key
 from workloads.core.errors import InputError
 from workloads.kinds.rerank.spec import CompileSpec, TrialSpec
 from workloads.models.cross_encoder import CrossEncoder, compile_encoder, score_pairs

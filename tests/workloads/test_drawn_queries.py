@@ -14,7 +14,7 @@ import pytest
 
 import workloads.kinds.rerank.steps as trial
 import workloads.kinds.rerank.training_sets as training_sets
-from orchestrator.core.schema import trial_key
+from orchestrator.lifecycle.identity import trial_key
 from workloads.core.seeds import derived_seed
 from workloads.data.resolve import resolve_collection
 from workloads.kinds.rerank.spec import TrialSpec

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from orchestrator.core.schema import trial_key
+from orchestrator.lifecycle.identity import trial_key
 from workloads.kinds.rerank.in_epoch_checkpoints import STATE_FILE
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.kinds.rerank.steps import prepare_trial

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.schema import trial_key
-from orchestrator.sweep.grid import SearchSpec, apply_params
+from orchestrator.lifecycle.identity import trial_key
+from orchestrator.sweep.grid import SearchSpec
 from workloads.kinds import TRIAL_KINDS, kind_of
 from workloads.kinds.ear.spec import EarTrialSpec
 from workloads.kinds.rerank.spec import TrialSpec
@@ -35,7 +35,7 @@ def test_every_searched_parameter_is_in_the_search_space_and_lands_where_declare
             data = spec.model_dump(mode="json")
             for part in parameter.path:
                 data = data[part]
-            changed = apply_params(spec, {parameter.name: data + 1 if isinstance(data, int) else data * 1.5})
+            changed = kind_of(spec).apply_params(spec, {parameter.name: data + 1 if isinstance(data, int) else data * 1.5})
             value = changed.model_dump(mode="json")
             for part in parameter.path:
                 value = value[part]

@@ -14,7 +14,6 @@ from pydantic import BaseModel
 
 from orchestrator.core.config import load_spec
 from orchestrator.sweep.grid import Cell, SearchSpec
-from orchestrator.sweep.search import apply_params
 from workloads.data.collections import Collection
 from workloads.data.document import Document
 from workloads.kinds import TRIAL_KINDS, kind_of, requirements
@@ -92,7 +91,7 @@ def test_every_searchable_hyperparameter_can_be_searched(kind, name):
         alias = SearchSpec.model_fields[field].alias or field
         assert alias in SearchSpec.model_fields or field in SearchSpec.model_fields  # a sweep file can give it a range
         default = LossSpec.model_fields[field].default
-        changed = apply_params(spec, {field: default * 1.5})
+        changed = kind_of(spec).apply_params(spec, {field: default * 1.5})
         assert getattr(changed.loss, field) == pytest.approx(default * 1.5)
 
 

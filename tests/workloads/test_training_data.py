@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.core.schema import trial_key
+from orchestrator.lifecycle.identity import trial_key
 from workloads.core.errors import InputError
 from workloads.data.resolve import resolve_collection
 from workloads.kinds.rerank.spec import TrialSpec

@@ -164,6 +164,12 @@ class TrialKind:
         if not self.described_as:
             object.__setattr__(self, "described_as", self.name)
 
+    @property
+    def keeps_result(self) -> bool:
+        """Its result is kept outside the run store under an identity of its own and shared by every
+        trial that reads it (a selector, an EAR trial): found there, not in the store."""
+        return bool(self.result_file)
+
     def searched_names(self, spec) -> tuple[str, ...]:
         """The searched parameters one cell's spec has."""
         return self.searched_in(spec) if self.searched_in is not None else tuple(p.name for p in self.searched)

@@ -20,7 +20,7 @@ def preflight_trial(spec: TrialSpec) -> list[str]:
     """What would stop a trial before it computes anything, found without preparing: a model
     that cannot load here, a collection that is neither local nor an ir_datasets id, a GloVe or
     run file that does not exist. One line each. (What would stop the trials it requires, an EAR
-    first stage's, is theirs: ``orchestrator.lifecycle.preflight`` asks their kinds.)"""
+    first stage's, is theirs: ``orchestrator.lifecycle.preparation.preflight`` asks their kinds.)"""
     problems = Problems()
     problems.check(require_model_available, spec.model.name)
     check_collections(problems, spec.data.collection, spec.data.test_collection)

@@ -1,7 +1,8 @@
-"""What a sweep is before it runs, read without computing anything: each cell's progress from
-the Optuna storage, the ``--dry-run`` report, the preflight (what would stop the sweep before it
-computes), the trials each cell requires first, its data variants and the MLflow experiment's
-description.
+"""``orchestrate sweep --dry-run``: what a sweep is before it runs, read without computing
+anything: each cell's progress from the Optuna storage, the report (:func:`dry_run`: counts,
+required trials, the compute estimate), the whole preflight (:func:`preflight`: the evaluation
+targets held out by their queries, what would stop any cell, what the workers' storage lacks),
+each cell's data variants and preparation units, and the MLflow experiment's description.
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from dataclasses import dataclass
 import optuna
 
 from orchestrator.core import schema
+from orchestrator.core.staging import staging_problems
 from orchestrator.core.tracking import check_sqlite_file
-from orchestrator.lifecycle.identity import requirement_run_key
-from orchestrator.lifecycle.preflight import preflight as trial_preflight
+from orchestrator.lifecycle.identity import trial_key
+from orchestrator.lifecycle.preparation import preflight as trial_preflight
 from orchestrator.lifecycle.preparation import trial_unit
 from orchestrator.lifecycle.targets import targets
-from orchestrator.sweep.grid import Cell, SweepSpec, apply_params, expand_grid, sweep_file
+from orchestrator.sweep.estimate import choose_profile, estimate, load_throughputs
+from orchestrator.sweep.grid import Cell, SweepSpec, check_targets, sweep_file, sweep_specs
 from orchestrator.sweep.search import COUNTED, count_finished, optuna_storage
 from orchestrator.sweep.store import SweepPaths
-from workloads.kinds import TRIAL_KINDS, kind_of
-from workloads.kinds import requirements as requirements_needed
+from workloads.kinds import TRIAL_KINDS, kind_of, requirements
 
 
 @dataclass
@@ -36,7 +38,7 @@ class CellProgress:
 
 def progress(sweep: SweepSpec, paths: SweepPaths | None) -> list[CellProgress]:
     """What each cell has done, read from the Optuna storage (nothing is started)."""
-    cells = expand_grid(sweep)
+    cells = sweep.cells
     existing: set[str] = set()
     if paths is not None and (paths.root / "optuna.db").exists():
         check_sqlite_file(paths.root / "optuna.db", "Optuna storage")
@@ -71,14 +73,14 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
             unavailable[r.cell.unavailable] = unavailable.get(r.cell.unavailable, 0) + 1
     # the required trials, grouped by kind (``TrialKind.plan_group``: selectors, ear_trials), each group always there
     required_by_kind: dict[str, list] = {kind.plan_group: [] for kind in TRIAL_KINDS.values() if kind.plan_group}
-    for required in requirements_needed([r.cell.spec for r in runnable]):
-        key = requirement_run_key(required)
-        users = sum(1 for r in runnable if key in requirements_of(r.cell))
+    for required in requirements([r.cell.spec for r in runnable]):
+        key = trial_key(required)
+        users = sum(1 for r in runnable if key in r.cell.requirements)
         kind = kind_of(required)
         required_by_kind.setdefault(kind.plan_group or kind.name, []).append(
             {"name": required.name, "key": key, **kind.plan_row(required), "cells": users,
              "trained": kind.finished(required) is not None})
-    requirements = sum(len(rows) for rows in required_by_kind.values())
+    required_trials = sum(len(rows) for rows in required_by_kind.values())
     return {
         "sweep": sweep.name,
         "cells": len(rows),
@@ -96,8 +98,8 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
         **{field: value for group, rows in required_by_kind.items()
            for field, value in ((group, rows), (f"{group}_to_train", sum(1 for r in rows if not r["trained"])))},
         # the sweep's run + a run per cell (its child) + a run per trial (the cell's child) + required trials
-        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows) + requirements,
-        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable + requirements,
+        "mlflow_runs_planned": 1 + len(rows) + per_cell * len(rows) + required_trials,
+        "mlflow_runs_runnable": 1 + len(runnable) + trials_runnable + required_trials,
         "cells_detail": [
             {"key": r.cell.key, **r.cell.axes, "searched": list(r.cell.searched), "baseline": r.cell.is_baseline,
              "unavailable": r.cell.unavailable, "trials_done": r.trials_complete + r.trials_failed + r.trials_pruned,
@@ -108,32 +110,36 @@ def dry_run_report(sweep: SweepSpec, paths: SweepPaths | None) -> dict:
     }
 
 
+def dry_run(sweep: SweepSpec, paths: SweepPaths | None, device: str | None = None, throughput=None,
+            price_per_hour: float | None = None) -> dict:
+    """The ``--dry-run`` report: :func:`dry_run_report`, its ``preflight`` and the compute
+    ``estimate`` on the ``device`` throughput profile (the options checked before any work; the
+    evaluation targets held out by their queries, an error naming the YAML line)."""
+    profile = choose_profile(sweep, device, throughput)  # the options checked before any work
+    check_targets(sweep, sweep.cells)  # by the queries of local collections too; nothing is prepared
+    report = {**dry_run_report(sweep, paths), "preflight": preflight(sweep)}
+    left = {d["key"]: max(0, report["trials_per_cell"] - d["trials_done"]) for d in report["cells_detail"]}
+    report["estimate"] = estimate(sweep, profile, left, price_per_hour, compared=load_throughputs(throughput))
+    return report
+
+
 def preflight(sweep: SweepSpec) -> list[str]:
-    """What would stop the sweep before it computes anything, found without preparing (each
-    cell's kind's ``preflight``): every distinct model, collection, GloVe and run file of its
-    cells and zero-shot targets. One line each."""
+    """What would stop the sweep before it computes anything, found without preparing: each
+    cell's kind's ``preflight`` (every distinct model, collection, GloVe and run file of its
+    cells and zero-shot targets), then, offline, every prebuilt index name and what the workers'
+    storage lacks (:func:`orchestrator.core.staging.staging_problems`). One line each."""
     problems: dict[str, None] = {}
-    cells = [c for c in expand_grid(sweep) if c.spec is not None]
+    cells = [c for c in sweep.cells if c.spec is not None]
     seen: set[tuple] = set()
     for cell in cells:  # once per model and augmentation: a cell's other axes read no other inputs
         what = (cell.axes.get("model"), cell.axes.get("augmentation"))
         if what not in seen:
             seen.add(what)
             problems.update(dict.fromkeys(trial_preflight(cell.spec)))  # its required trials' too
-    for target in (targets(cells[0].spec, zero_shot_targets(sweep)) if cells and sweep.kind.grid.zero_shot else []):
+    for target in (targets(cells[0].spec, sweep.zero_shot_targets) if cells and sweep.kind.grid.zero_shot else []):
         if target.spec.data.test_collection:
             problems.update(dict.fromkeys(p for p in trial_preflight(target.spec) if p not in problems))
-    return list(problems)
-
-
-def requirements_of(cell: Cell) -> list[str]:
-    """The run keys of the trials a cell requires first: the selector it augments with, the EAR
-    trial whose run it re-ranks."""
-    return [requirement_run_key(r) for r in requirements_needed([cell.spec])] if cell.spec is not None else []
-
-
-def zero_shot_targets(sweep: SweepSpec) -> list[tuple]:
-    return [(t.collection, t.split, t.first_stage) for t in sweep.zero_shot]
+    return list(dict.fromkeys([*problems, *staging_problems(sweep_specs(sweep))]))
 
 
 def data_variants(cell: Cell, sweep: SweepSpec) -> list:
@@ -143,7 +149,7 @@ def data_variants(cell: Cell, sweep: SweepSpec) -> list:
     for name in (p.name for p in sweep.kind.searched if p.prepares_data):  # (k_a, n: SearchedParameter.prepares_data)
         space = getattr(sweep.search, name)
         if name in cell.searched and space is not None:
-            return [apply_params(cell.spec, {name: value}) for value in space.choices]
+            return [kind_of(cell.spec).apply_params(cell.spec, {name: value}) for value in space.choices]
     return [cell.spec]
 
 
@@ -151,7 +157,7 @@ def preparation_units(sweep: SweepSpec, cells: list[Cell]) -> list:
     """Each cell's data as one unit (:mod:`orchestrator.lifecycle.preparation`): its spec per searched
     k_a, every zero-shot target's data (a collection that cannot load fails now, not after the
     grid trained), its selector's data first."""
-    return [trial_unit(cell.key, data_variants(cell, sweep), zero_shot_targets(sweep)) for cell in cells if cell.spec is not None]
+    return [trial_unit(cell.key, data_variants(cell, sweep), sweep.zero_shot_targets) for cell in cells if cell.spec is not None]
 
 
 def experiment_description(sweep: SweepSpec, cells: list[Cell]) -> str:
