@@ -227,7 +227,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
         tracker.log_json(run_id, "", "data_stats.json", {"pairs": selector.training_data.size, "queries": 100})
         tracker.log_metrics(run_id, collections.bm25["test"].aggregate, prefix=schema.first_stage_prefix("val"))
         metrics = epoch_metrics(args.epochs, 0.3, 0, False, "selector", number)
-        summary, best = log_training(tracker, run_id, [EpochResult(m, f"/checkpoints/{selector.name}/epoch-{int(m['epoch'])}")
+        summary = log_training(tracker, run_id, [EpochResult(m, f"/checkpoints/{selector.name}/epoch-{int(m['epoch'])}")
                                                        for m in metrics])
         own = selector.data.test_collection or selector.data.collection
         tested = collections.system("test", 0.01, "selector", number)
@@ -258,7 +258,7 @@ def build_store(uri: str, storage_root: Path, work: Path, args) -> dict:
     # the search: the sweep's searcher (Optuna) and its Tune callback (MLflow), fed fake Tune trials
     mark = time.perf_counter()
     searcher = CellStudiesSearcher(cells, sweep.search, paths.optuna_url)
-    searcher.extra_config = {"storage": str(paths.ray_storage)}
+    searcher.storage = str(paths.ray_storage)
     reconcile_trial_runs(tracker, experiment_id, searcher)
     phases[f"{len(cells)} Optuna studies opened"] = time.perf_counter() - mark
     mark = time.perf_counter()

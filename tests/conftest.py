@@ -119,7 +119,7 @@ def _slow_tests_share_one_ray(request, monkeypatch):
 
 # ----------------------------------------------------------------------------- end to end (slow)
 # Session-scoped: a tiny `orchestrate run` and a tiny sweep, shared by the tests that read them
-# (tests/core/test_trial_ray.py, tests/sweep/test_sweep.py, tests/core/test_one_vocabulary.py).
+# (tests/lifecycle/test_trial_ray.py, tests/sweep/test_sweep.py, tests/lifecycle/test_one_vocabulary.py).
 
 
 @pytest.fixture(scope="session")

@@ -176,3 +176,29 @@ def test_the_package_graph_finds_a_cycle_between_packages():
     assert _strongly_connected(graph) == []
     edges = _package_graph(graph)
     assert _strongly_connected({a: set(t) for a, t in edges.items()}) == [["workloads.a", "workloads.b"]]
+
+
+def _documented_layout(text: str) -> set[str]:
+    """The paths the layout tree of docs/development.md lists: an entry's indent (two spaces a
+    level) places it under the folder above it; a description's continuation line is not one."""
+    block = text.split("## The layout", 1)[1].split("```", 2)[1]
+    paths, stack = set(), []
+    for line in block.splitlines():
+        stripped = line.lstrip(" ")
+        indent = len(line) - len(stripped)
+        if not stripped or indent >= 20:  # (a description carried over to the next line)
+            continue
+        name = stripped.split()[0]
+        stack = stack[: indent // 2] + [name.rstrip("/")]
+        paths.add("/".join(stack))
+    return paths
+
+
+def test_the_documented_layout_is_the_tree():
+    """docs/development.md's layout names only what exists, and every package of the two planes."""
+    root = Path(__file__).resolve().parents[1]
+    documented = _documented_layout((root / "docs" / "development.md").read_text(encoding="utf-8"))
+    assert sorted(p for p in documented if not (root / p).exists()) == []
+    packages = {p.parent.relative_to(root).as_posix() for plane in ("workloads", "orchestrator")
+                for p in (root / plane).rglob("__init__.py")}
+    assert sorted(packages - documented) == []

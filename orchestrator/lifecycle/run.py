@@ -7,10 +7,10 @@ prepared on the driver (cached by content), training as Ray Train workers, every
 tested as a Ray task, the result kept where the kind keeps one (a selector, an EAR trial),
 everything logged from the driver under :mod:`orchestrator.core.schema`'s names.
 ``orchestrate run``, a required trial (:func:`ensure_requirement`) and the in-process runner
-(``workloads.kinds.run_in_process``) walk the same steps; a sweep's Tune trial trains and
-chooses with :func:`chosen` and :func:`training_summary` (what a trial's training leaves: the
-same names for every command), and its winners are tested, kept and logged with
-:mod:`~orchestrator.lifecycle.targets` and :func:`keep_result`. A trial's outcome is read back
+(``workloads.kinds.run_in_process``) and a sweep's Tune trial
+(``orchestrator.sweep.tune.TuneTrialSteps``) walk the same steps; :func:`training_summary` is
+what a trial's training leaves (the same names for every command), and a sweep's winners are
+tested, kept and logged with :mod:`~orchestrator.lifecycle.targets` and :func:`keep_result`. A trial's outcome is read back
 typed (:class:`TrialResult`).
 """
 
@@ -92,11 +92,6 @@ SUMMARY_METRICS = frozenset({schema.BEST_EPOCH, schema.TIME_TRAINING, schema.TIM
                              schema.TIME_OVERHEAD, *OVERHEAD_PARTS})
 
 
-def chosen(epochs: Sequence[EpochResult]) -> EpochResult:
-    """The epoch every command tests (:func:`workloads.kinds.choose_epoch`)."""
-    return epochs[choose_epoch([e.metrics for e in epochs])]
-
-
 def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, float]:
     """What a trial run holds about its training once it ended: the chosen epoch, its ``val_*``
     as ``best_val_*``, and the time spent in the loop. The same names for every command."""
@@ -111,13 +106,12 @@ def training_summary(epoch_metrics: Sequence[dict[str, float]]) -> dict[str, flo
     }
 
 
-def log_training(tracker: Tracker, run_id: str, epochs: Sequence[EpochResult]) -> tuple[dict[str, float], EpochResult]:
-    """Log every epoch's metrics (step = epoch) on ``run_id``; returns the training summary
-    and the chosen epoch."""
+def log_training(tracker: Tracker, run_id: str, epochs: Sequence[EpochResult]) -> dict[str, float]:
+    """Log every epoch's metrics (step = epoch) on ``run_id``; returns the training summary."""
     for epoch in epochs:
         tracker.log_metrics(run_id, {k: v for k, v in epoch.metrics.items() if schema.is_epoch_metric(k)},
                             step=int(epoch.metrics["epoch"]))
-    return training_summary([e.metrics for e in epochs]), chosen(epochs)
+    return training_summary([e.metrics for e in epochs])
 
 
 def timing(train_wall: float, summary: dict[str, float]) -> dict[str, float]:
@@ -255,7 +249,7 @@ class RayTrialSteps:
         train_started = time.perf_counter()
         epochs = train_on_ray(spec, kind.worker_inputs(prepared), self.storage_path, run_name)
         self.train_wall = time.perf_counter() - train_started
-        self.summary, _ = log_training(self.tracker, self.run_id, epochs)
+        self.summary = log_training(self.tracker, self.run_id, epochs)
         self.epochs = epochs
         return epochs
 

@@ -16,6 +16,7 @@ import itertools
 import json
 import random
 import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import optuna
@@ -25,13 +26,45 @@ from orchestrator.core.schema import OBJECTIVE, PRUNED_TAG
 from orchestrator.sweep.grid import Cell, Choices, FloatRange, LevelChoices, SearchSpec, distinct_parameter_sets
 from workloads.core.seeds import derived_seed
 from workloads.evaluation import SELECTION_PER_QUERY
-from workloads.kinds import kind_of
+from workloads.kinds import TrialKind, kind_named, kind_of
 
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
 FAILURE = "failure"          # user attr: why a trial failed (error, oom)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """What Tune hands a sweep's trial: written by :meth:`CellStudiesSearcher.suggest`, read by
+    the Tune trial and the MLflow logger. Tune keeps a trial's config as a dict (in its saved
+    experiment state, read again by a resumed driver): :meth:`as_dict` writes it, :meth:`of` reads it."""
+
+    cell: str                 # the cell's key
+    kind: str | None          # its trial kind's name (None in a config saved before cells had kinds: the default)
+    axes: dict[str, str]      # the cell's axes (tags of the trial's run)
+    tags: dict[str, str]      # the cell's other tags
+    optuna_trial: int         # the trial's number in its cell's study
+    train_run: str            # the Ray Train run name: stable across retries and resumes
+    params: dict              # the sampled hyper-parameters
+    spec: dict                # the cell's spec with ``params`` applied, as JSON
+    storage: str              # where Ray Train keeps its runs (the sweep's Ray storage)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, config: dict) -> TrialConfig:
+        return cls(**{"kind": None, "axes": {}, "tags": {}, **{k: v for k, v in config.items() if k in cls.__dataclass_fields__}})
+
+    @property
+    def trial_kind(self) -> TrialKind:
+        return kind_named(self.kind)
+
+    def trial_spec(self):
+        """The trial's spec, validated by its kind."""
+        return self.trial_kind.spec.model_validate(self.spec)
 
 
 @functools.lru_cache(maxsize=8)
@@ -216,7 +249,7 @@ class CellStudiesSearcher(Searcher):
         self.epochs = {c.key: kind_of(c.spec).epochs(c.spec) for c in self.cells}
         self.query_by_query = ({c.key: QueryByQuery(search.wilcoxon_p) for c in self.cells}
                                if search.pruner == "wilcoxon" else {})
-        self.extra_config: dict = {}                # run-time fields every trial gets (storage path)
+        self.storage = ""                           # where Ray Train keeps the trials' runs (set at run time)
         # cell key -> a concurrent.futures.Future of what the cell needs first (its selector, its EAR
         # trial, trained concurrently): the cell's trials start once it is done; a failed one, never
         self.gates: dict = {}
@@ -248,9 +281,8 @@ class CellStudiesSearcher(Searcher):
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
             spec = kind_of(cell.spec).apply_params(cell.spec, params)
-            return {"cell": cell.key, "kind": kind_of(spec).name, "axes": cell.axes, "tags": cell.tags,
-                    "optuna_trial": trial.number, "train_run": train_run, "params": params,
-                    "spec": spec.model_dump(mode="json"), **self.extra_config}
+            return TrialConfig(cell.key, kind_of(spec).name, cell.axes, cell.tags, trial.number, train_run, params,
+                               spec.model_dump(mode="json"), self.storage).as_dict()
         return Searcher.FINISHED if not self.live and not waiting else None  # None: Tune asks again later
 
     DRAWS = 20  # samples tried before a finite space hands out an untried set itself
@@ -303,7 +335,7 @@ class CellStudiesSearcher(Searcher):
         if trial_id in self.pruning or epoch >= self.epochs[cell_key] or not asks:
             return False  # a trial that trained its last epoch is kept
         self.pruning.add(trial_id)
-        marker = stop_file(self.extra_config["storage"], trial.user_attrs[TRAIN_RUN])
+        marker = stop_file(self.storage, trial.user_attrs[TRAIN_RUN])
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"pruned after epoch {epoch}\n")
         return True
@@ -315,7 +347,7 @@ class CellStudiesSearcher(Searcher):
         per_query = result.get(SELECTION_PER_QUERY)
         if not per_query:
             return False  # (a kind that reports no per-query values is never pruned by it)
-        storage = self.extra_config["storage"]
+        storage = self.storage
         if not query_by_query.restored:
             query_by_query.restore(storage, self.studies[cell_key])
         return query_by_query.should_prune(storage, trial.user_attrs[TRAIN_RUN], epoch, [float(v) for v in per_query])

@@ -1,10 +1,11 @@
 """The Tune search of a sweep: one Tune run holds every remaining trial of every cell (one
 scheduling pool), served by the cells' Optuna studies (:mod:`orchestrator.sweep.search`).
 
-- :func:`_sweep_trial`, one Tune trial: the cell's trial spec as Ray Train workers, named by
-  a stable Train run name, so a retried or resumed trial continues from its last epoch
-  checkpoint; it chooses its epoch with the lifecycle's rule and reports it. A deterministic
-  out-of-memory is a result (``failure=oom``), a worker the memory monitor killed is retried.
+- :func:`_sweep_trial`, one Tune trial: its :class:`~orchestrator.sweep.search.TrialConfig`,
+  walked through the one lifecycle (:class:`TuneTrialSteps`): Ray Train workers named by a
+  stable Train run name, so a retried or resumed trial continues from its last epoch
+  checkpoint; the epoch chosen by the one rule and reported. A deterministic out-of-memory is
+  a result (``failure=oom``), a worker the memory monitor killed is retried.
 - :func:`search_cells`: the cells' studies as one searcher, what a killed driver left open
   (:func:`reconcile_trial_runs`, requeued trials), then the Tune run (:func:`run_search`).
 - How many trials run at once (:func:`check_cluster`), the stopper that ends the run on
@@ -39,13 +40,14 @@ from orchestrator.core.execution import (
 )
 from orchestrator.core.tracking import Tracker, mark_pruned
 from orchestrator.lifecycle.identity import training_data_identity
-from orchestrator.lifecycle.run import SUMMARY_METRICS, chosen, timing, training_summary
+from orchestrator.lifecycle.run import SUMMARY_METRICS, timing, training_summary
 from orchestrator.sweep.grid import Cell, SweepSpec, sweep_file
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
     TRAIN_RUN,
     CellStudiesSearcher,
+    TrialConfig,
     finished_trials,
     requeue_interrupted,
     stop_file,
@@ -54,7 +56,7 @@ from orchestrator.sweep.winners import keep_chosen_and_last
 from workloads.core.errors import InputError
 from workloads.core.logs import configure as configure_logging
 from workloads.core.logs import get_logger
-from workloads.kinds import kind_named, kind_of
+from workloads.kinds import TrialKind, kind_of, run_steps
 
 log = get_logger("sweep")
 
@@ -64,39 +66,79 @@ log = get_logger("sweep")
 FAIL_CELLS_ENV = "ORCHESTRATE_TEST_FAIL_CELLS"
 
 
+class _Ended(Exception):
+    """The trial ended with an outcome Tune has been told (out of memory, pruned): no epoch to choose."""
+
+
+class TuneTrialSteps:
+    """A sweep's Tune trial through the one lifecycle (:func:`workloads.kinds.run_steps`): its
+    required trials were finished by the driver before its cell was served; its data was prepared
+    by the driver (cached by content: here it is read); it trains as Ray Train workers reporting
+    each epoch to Tune, under a stable Train run name, so a retried or resumed trial continues from
+    its last epoch checkpoint; the epoch is chosen by the one rule, and the chosen epoch and the
+    training summary are reported to Tune. Its cell's winner is tested, kept and logged by the
+    driver (:mod:`~orchestrator.sweep.winners`), so a trial tests and keeps nothing."""
+
+    def __init__(self, config: TrialConfig) -> None:
+        self.config = config
+
+    def reused(self, kind: TrialKind, spec) -> None:
+        return None  # the cell's study served it: it runs (a resumed one continues from its checkpoint)
+
+    def require(self, kind: TrialKind, spec, required: list) -> None:
+        return None  # the driver finished them before it served the cell
+
+    def prepare(self, kind: TrialKind, spec):
+        if self.config.cell in os.environ.get(FAIL_CELLS_ENV, "").split(","):  # test hook, see FAIL_CELLS_ENV
+            with open(Path(self.config.storage) / "failed_attempts.log", "a") as attempts:
+                attempts.write(self.config.train_run + "\n")
+            raise RuntimeError(f"{FAIL_CELLS_ENV}: this trial raises on purpose")
+        return kind.prepare(spec)  # cached by content: the driver prepared every k_a (every n of EAR)
+
+    def train(self, kind: TrialKind, spec, prepared) -> list:
+        from ray.tune.integration.ray_train import TuneReportCallback  # (Ray Train: loaded where a trial runs)
+
+        pruned = stop_file(self.config.storage, self.config.train_run)
+        trainer = make_trainer(spec, kind.worker_inputs(prepared), Path(self.config.storage), self.config.train_run,
+                               [TuneReportCallback()], stop_file=pruned)
+        self.started = time.perf_counter()
+        try:
+            result = trainer.fit()
+        except Exception as exc:  # a deterministic out-of-memory is recorded, not retried blindly
+            if _is_out_of_memory(exc):
+                ray.tune.report({"failure": "oom", schema.OBJECTIVE: float("nan")})  # Tune insists on the metric
+                raise _Ended from None
+            raise
+        epochs = epoch_results(result)
+        if pruned.exists():  # stopped by its cell's pruner: an outcome, not a result (Tune insists on the metric)
+            ray.tune.report({schema.PRUNED_TAG: max((int(e.metrics["epoch"]) for e in epochs), default=0),
+                             schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan"))})
+            raise _Ended
+        return epochs
+
+    def test(self, kind: TrialKind, spec, prepared, chosen) -> list:
+        return []  # (the cell's winner is tested by the driver)
+
+    def keep(self, kind: TrialKind, spec, chosen, tested: list) -> None:
+        return None  # (the retention of checkpoints is the driver's, once Tune has the result)
+
+    def log(self, kind: TrialKind, spec, epochs: list, chosen, tested: list, kept) -> None:
+        summary = training_summary([e.metrics for e in epochs])  # as every trial of every kind
+        ray.tune.report({**summary, **timing(time.perf_counter() - self.started, summary),
+                         schema.OBJECTIVE: chosen.metrics[schema.OBJECTIVE], "final": 1, schema.CHECKPOINT_TAG: chosen.checkpoint})
+
+    def stopped(self, error: BaseException) -> None:
+        return None  # Tune records the error (or the outcome reported before an _Ended)
+
+
 def _sweep_trial(config: dict) -> None:
-    """One Tune trial: the cell's trial as Ray Train workers, reported to Tune per epoch, then
-    the chosen epoch (the lifecycle's rule) and the training summary."""
-    from ray.tune.integration.ray_train import TuneReportCallback  # (Ray Train: loaded where a trial runs)
-
-
+    """One Tune trial: the cell's trial through :class:`TuneTrialSteps`."""
     configure_logging()  # the driver's level, from the environment
-    kind = kind_named(config.get("kind"))  # (a trial config written before cells had kinds: the default, re-ranking)
-    spec = kind.spec.model_validate(config["spec"])
-    if config["cell"] in os.environ.get(FAIL_CELLS_ENV, "").split(","):  # test hook, see FAIL_CELLS_ENV
-        with open(Path(config["storage"]) / "failed_attempts.log", "a") as attempts:
-            attempts.write(config["train_run"] + "\n")
-        raise RuntimeError(f"{FAIL_CELLS_ENV}: this trial raises on purpose")
-    prepared = kind.prepare(spec)  # cached by content: the driver prepared every k_a (every n of EAR)
-    pruned = stop_file(config["storage"], config["train_run"])
-    trainer = make_trainer(spec, kind.worker_inputs(prepared), Path(config["storage"]), config["train_run"],
-                           [TuneReportCallback()], stop_file=pruned)
-    started = time.perf_counter()
+    trial = TrialConfig.of(config)
     try:
-        result = trainer.fit()
-    except Exception as exc:  # a deterministic out-of-memory is recorded, not retried blindly
-        if _is_out_of_memory(exc):
-            ray.tune.report({"failure": "oom", schema.OBJECTIVE: float("nan")})  # Tune insists on the metric
-            return
-        raise
-    epochs = epoch_results(result)
-    if pruned.exists():  # stopped by its cell's pruner: an outcome, not a result (Tune insists on the metric)
-        ray.tune.report({schema.PRUNED_TAG: max((int(e.metrics["epoch"]) for e in epochs), default=0),
-                         schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan"))})
+        run_steps(trial.trial_spec(), TuneTrialSteps(trial))
+    except _Ended:
         return
-    summary, best = training_summary([e.metrics for e in epochs]), chosen(epochs)  # as every trial of every kind
-    ray.tune.report({**summary, **timing(time.perf_counter() - started, summary), schema.OBJECTIVE: best.metrics[schema.OBJECTIVE],
-                     "final": 1, schema.CHECKPOINT_TAG: best.checkpoint})
 
 
 # What Ray's memory monitor says when it kills a worker because its node runs low on memory
@@ -253,7 +295,7 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
     log.info("%d trial(s) to run, up to %d at a time (%s)%s", remaining, concurrent, why.split(";")[0],
              "" if verbose else f"; Ray's own output goes to {paths.log_file}")
     display.concurrency = concurrent
-    searcher.extra_config = {"storage": str(paths.ray_storage)}
+    searcher.storage = str(paths.ray_storage)
     tuner = ray.tune.Tuner(
         # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
         # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
@@ -300,24 +342,23 @@ class MlflowTrialLogger(Callback):
 
     def _run_id(self, trial) -> str:
         if trial.trial_id not in self.runs:
-            config = trial.config
-            spec = kind_named(config.get("kind")).spec.model_validate(config["spec"])  # (no kind: written before cells had kinds)
-            key = f"{config['cell']}/{config['train_run']}"
+            config = TrialConfig.of(trial.config)
+            spec = config.trial_spec()
+            key = f"{config.cell}/{config.train_run}"
             # a cell and its trials carry the same axis tags (the cell's: a searched SIR schedule
             # is a param, not a new loss label)
-            tags = {schema.PARENT_TAG: self.cell_runs[config["cell"]], schema.CELL_TAG: config["cell"],
-                    schema.SWEEP_TAG: self.sweep.name, schema.OPTUNA_TAG: str(config["optuna_trial"]),
-                    schema.DATA_TAG: training_data_identity(spec),
-                    **kind_of(spec).axes(spec), **config.get("axes", {}), **config.get("tags", {})}
-            params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config["params"].items()},
-                      **schema.comparison_params(config.get("axes", {}), config["params"])}
-            self.runs[trial.trial_id] = self.tracker.start_trial_run(self.experiment_id, config["train_run"], key, params, tags)
+            tags = {schema.PARENT_TAG: self.cell_runs[config.cell], schema.CELL_TAG: config.cell,
+                    schema.SWEEP_TAG: self.sweep.name, schema.OPTUNA_TAG: str(config.optuna_trial),
+                    schema.DATA_TAG: training_data_identity(spec), **kind_of(spec).axes(spec), **config.axes, **config.tags}
+            params = {**schema.flat_params(spec), **{f"searched.{k}": str(v) for k, v in config.params.items()},
+                      **schema.comparison_params(config.axes, config.params)}
+            self.runs[trial.trial_id] = self.tracker.start_trial_run(self.experiment_id, config.train_run, key, params, tags)
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started.setdefault(trial.trial_id, time.perf_counter())
         self._run_id(trial)
-        self.display.trial_started(trial.config["cell"])
+        self.display.trial_started(TrialConfig.of(trial.config).cell)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._run_id(trial)
@@ -340,15 +381,16 @@ class MlflowTrialLogger(Callback):
         if trial.trial_id in self.searcher.pruned:  # stopped by the cell's pruner: recorded, not a result
             mark_pruned(self.tracker, run_id, self.searcher.pruned[trial.trial_id],
                         time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter()))
-            self.display.trial_ended(trial.config["cell"], failed=False)
+            self.display.trial_ended(TrialConfig.of(trial.config).cell, failed=False)
             return
         failed = trial.last_result.get("failure") if trial.last_result else None
         self.tracker.finish(run_id, "FAILED" if failed else "FINISHED")
         if not failed and self.sweep.storage.keep == "winners" and schema.CHECKPOINT_TAG in (trial.last_result or {}):
             # Tune told the searcher first: the Optuna trial is COMPLETE, never run again
-            keep_chosen_and_last(Path(trial.config["storage"]) / trial.config["train_run"],
+            config = TrialConfig.of(trial.config)
+            keep_chosen_and_last(Path(config.storage) / config.train_run,
                                  trial.last_result[schema.CHECKPOINT_TAG])
-        self.display.trial_ended(trial.config["cell"], failed=bool(failed))
+        self.display.trial_ended(TrialConfig.of(trial.config).cell, failed=bool(failed))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self._run_id(trial)
@@ -357,7 +399,7 @@ class MlflowTrialLogger(Callback):
             self.tracker.finish(run_id, "KILLED")
             return
         self.tracker.fail(run_id, "error", str(getattr(trial, "error_msg", None) or "error"))
-        self.display.trial_ended(trial.config["cell"], failed=True)
+        self.display.trial_ended(TrialConfig.of(trial.config).cell, failed=True)
 
 
 # ----------------------------------------------------------------------------- the live progress display

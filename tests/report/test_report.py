@@ -29,7 +29,7 @@ from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
 from tests.helpers import run_cli
 from tests.report.test_robustness import _reader
-from tests.workloads.test_statistics import _percentile_reference
+from tests.workloads.evaluation.test_statistics import _percentile_reference
 from workloads.core.errors import InputError
 from workloads.evaluation import Evaluation
 from workloads.evaluation.significance import paired_test

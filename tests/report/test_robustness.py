@@ -10,7 +10,7 @@ import pytest
 from orchestrator.report.render import render_csv, render_markdown
 from orchestrator.report.results import STATUS_OK
 from orchestrator.report.robustness import perturbed_vs_clean, robustness_table, sweep_robustness
-from tests.workloads.test_statistics import _multi_reference, _percentile_reference
+from tests.workloads.evaluation.test_statistics import _multi_reference, _percentile_reference
 from workloads.evaluation.significance import adjust_p_values, paired_test
 
 

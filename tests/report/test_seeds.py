@@ -16,7 +16,7 @@ from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
 from orchestrator.sweep.winners import log_cell_statistics
 from tests.report.test_report import QUERIES, _by_name, _evaluation
-from tests.workloads.test_statistics import _multi_reference
+from tests.workloads.evaluation.test_statistics import _multi_reference
 
 TWO_SEEDS = {
     "name": "two-seeds",

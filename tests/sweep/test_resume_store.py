@@ -85,7 +85,7 @@ def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     searcher = CellStudiesSearcher(cells[:1], sweep.search, url)
-    searcher.extra_config = {"storage": str(tmp_path / "ray")}
+    searcher.storage = str(tmp_path / "ray")
     study = searcher.studies[cells[0].key]
 
     def epochs(trial_id, values):

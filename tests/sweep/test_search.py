@@ -6,7 +6,7 @@ from concurrent.futures import Future
 import optuna
 
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from orchestrator.sweep.search import COUNTED, TRAIN_RUN, CellStudiesSearcher, open_study, requeue_interrupted, sample
+from orchestrator.sweep.search import COUNTED, TRAIN_RUN, CellStudiesSearcher, TrialConfig, open_study, requeue_interrupted, sample
 
 SWEEP = {"name": "s", "base": {"data": {"collection": "beir/scifact"}},
          "grid": {"models": ["m"], "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
@@ -92,3 +92,18 @@ def test_a_cell_waits_only_for_its_own_requirement(tmp_path):
     ready.set_result(None)
     searcher.gates = {gated.key: ready}
     assert searcher.suggest("t3")["cell"] == gated.key
+
+
+def test_the_trial_config_tune_carries_reads_back_as_it_was_written(tmp_path):
+    """What the searcher hands Tune is a plain dict (Tune saves it with its experiment state); the
+    Tune trial and the MLflow logger read it back typed, a config saved before cells had kinds too."""
+    sweep, cell = _cell()
+    searcher = CellStudiesSearcher([cell], sweep.search, f"sqlite:///{tmp_path / 'optuna.db'}")
+    searcher.storage = str(tmp_path / "ray")
+    written = searcher.suggest("tune-1")
+    assert isinstance(written, dict) and pickle.loads(pickle.dumps(written)) == written
+    config = TrialConfig.of(written)
+    assert config.as_dict() == written and config.cell == cell.key and config.storage == str(tmp_path / "ray")
+    assert config.trial_spec().optimization.learning_rate == written["params"]["learning_rate"]
+    older = {k: v for k, v in written.items() if k not in ("kind", "axes", "tags")}
+    assert TrialConfig.of(older).trial_kind.name == "rerank" and TrialConfig.of(older).axes == {}

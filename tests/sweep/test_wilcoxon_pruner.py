@@ -22,7 +22,7 @@ def _searcher(tmp_path, **search):
     sweep = SweepSpec.model_validate({**SWEEP, "search": {**SWEEP["search"], **search}})
     cells = [c for c in expand_grid(sweep) if c.spec is not None]
     searcher = CellStudiesSearcher(cells[:1], sweep.search, f"sqlite:///{tmp_path / 'optuna.db'}")
-    searcher.extra_config = {"storage": str(tmp_path / "ray")}
+    searcher.storage = str(tmp_path / "ray")
     return searcher, searcher.studies[cells[0].key]
 
 

@@ -17,7 +17,7 @@ family-wise error rate, Benjamini-Hochberg (1995) the false discovery rate
 from statsmodels' ``multipletests``: scipy has neither, each is a few lines, and statsmodels
 (with patsy) would be a dependency of every Ray worker for them; they are tested against the
 published worked example of Benjamini and Hochberg (1995), as BH is
-(tests/workloads/test_statistics.py).
+(tests/workloads/evaluation/test_statistics.py).
 """
 
 from __future__ import annotations

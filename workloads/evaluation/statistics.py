@@ -21,7 +21,7 @@ baseline per query (a vector) or per seed and query (a matrix, one row per seed)
   over each resampled axis, which over 2-3 seeds is an estimate from 2-3 numbers; BCa yields
   NaN on degenerate data, common in IR (P@1 differences of only -1, 0, 1, a system equal to
   its baseline on most queries); and a percentile interval is reproducible by hand from the
-  same random draws (tests/workloads/test_statistics.py does).
+  same random draws (tests/workloads/evaluation/test_statistics.py does).
   Seeded (:data:`BOOTSTRAP_SEED`, a fresh generator per interval): an interval does not depend
   on which other intervals were computed before it.
 - :func:`direction`: the queries the system won, tied (within

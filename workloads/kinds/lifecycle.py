@@ -4,8 +4,8 @@
 trials it requires -> prepare -> train -> choose the epoch (:func:`choose_epoch`, the one
 selection rule of every command) -> test every target -> keep (with :func:`result_summary`)
 -> log. Each setting carries the steps out its own way (:class:`TrialSteps`): on Ray with the
-run store (``orchestrator.lifecycle``) or in this process (:class:`InProcessSteps`,
-:func:`run_in_process`). It asks the registry (:mod:`workloads.kinds.registry`) for a spec's
+run store (``orchestrator.lifecycle``), as a sweep's Tune trial (``orchestrator.sweep.tune``)
+or in this process (:class:`InProcessSteps`, :func:`run_in_process`). It asks the registry (:mod:`workloads.kinds.registry`) for a spec's
 kind and imports nothing from a kind's package.
 """
 
@@ -50,8 +50,9 @@ class EpochRecord:
 
 class TrialSteps(Protocol):
     """How each step of a trial is carried out in one setting: in this process
-    (:func:`run_in_process`), or on Ray workers tracked in the run store
-    (``orchestrator.lifecycle.run``). :func:`run_steps` calls them in the one order."""
+    (:func:`run_in_process`), on Ray workers tracked in the run store
+    (``orchestrator.lifecycle.run``), or as a sweep's Tune trial (``orchestrator.sweep.tune``).
+    :func:`run_steps` calls them in the one order."""
 
     def reused(self, kind: TrialKind, spec) -> Any | None: ...   # the outcome of the same trial done before, or None
     def require(self, kind: TrialKind, spec, required: list) -> None: ...  # the trials it requires, finished first

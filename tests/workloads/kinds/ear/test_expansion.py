@@ -9,9 +9,9 @@ import torch
 import yaml
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
 
-from tests.core.test_offline import assert_one_clear_line
+from tests.cli.test_offline import assert_one_clear_line
 from tests.helpers import assert_validates_query_by_query, run_cli
-from tests.workloads.test_collections import write_beir
+from tests.workloads.data.test_collections import write_beir
 from workloads.core.errors import InputError
 from workloads.data.resolve import resolve_collection
 from workloads.kinds import kind_of, requirements, run_in_process

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.core.test_offline import assert_one_clear_line
+from tests.cli.test_offline import assert_one_clear_line
 from tests.helpers import free_port, run_cli
 from workloads.data.resolve import resolve_collection
 from workloads.retrieval import bm25

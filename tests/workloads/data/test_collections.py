@@ -20,7 +20,7 @@ from workloads.data.local_files import load_beir_directory
 from workloads.data.resolve import resolve_collection
 from workloads.kinds.rerank.spec import TrialSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write_beir(root: Path, corpus_lines=None, qrels_text="query-id\tcorpus-id\tscore\r\nq1\td1\t1\r\nq1\td2\t2\r\n", gz=False):

@@ -18,7 +18,7 @@ from workloads.retrieval.bm25 import BM25Params, prebuilt_index_name, read_trec_
 from workloads.retrieval.first_stage import FIRST_STAGES
 from workloads.spec import FirstStageSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def orchestrate(*args):

@@ -17,7 +17,7 @@ from workloads.kinds.rerank.spec import TrialSpec
 from workloads.retrieval.first_stage import FIRST_STAGES, FirstStageMethod
 from workloads.spec import FirstStageSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = {"name": "x", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6", "max_length": 128}}
 
 

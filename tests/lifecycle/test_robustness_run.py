@@ -10,7 +10,7 @@ import yaml
 
 from orchestrator.core.tracking import Tracker
 from tests.helpers import run_cli
-from tests.workloads.test_wikiqa_and_first_stages import write_wikiqa
+from tests.workloads.retrieval.test_wikiqa_and_first_stages import write_wikiqa
 from workloads.text.perturbations import perturb_queries
 
 pytestmark = pytest.mark.slow  # Ray Train, MLflow: about a minute

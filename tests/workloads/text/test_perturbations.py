@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_cli
-from tests.workloads.test_wikiqa_and_first_stages import write_wikiqa
+from tests.workloads.retrieval.test_wikiqa_and_first_stages import write_wikiqa
 from workloads.text.perturbations import PERTURBATIONS, contraction, perturb_queries, punctuation, query_rng, typo
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_punctuation_strips_trailing_punctuation_or_adds_a_period():

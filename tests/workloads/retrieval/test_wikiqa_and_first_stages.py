@@ -11,7 +11,7 @@ import pytest
 
 import workloads.kinds.rerank.train as training
 from orchestrator.lifecycle.targets import targets
-from tests.workloads.test_collections import write_beir
+from tests.workloads.data.test_collections import write_beir
 from workloads.core.errors import InputError
 from workloads.data.collections import Collection
 from workloads.data.resolve import resolve_collection

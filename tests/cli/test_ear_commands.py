@@ -7,9 +7,9 @@ import json
 import pytest
 import yaml
 
-from tests.core.test_offline import assert_one_clear_line
+from tests.cli.test_offline import assert_one_clear_line
 from tests.helpers import by_kind, mlflow_runs, run_cli
-from tests.workloads.test_expansion import ear_world  # noqa: F401 - the fixture
+from tests.workloads.kinds.ear.test_expansion import ear_world  # noqa: F401 - the fixture
 from workloads.evaluation import evaluate
 from workloads.kinds.ear.spec import RUN_FILE, load_ear_trial, trained_ear
 from workloads.retrieval.bm25 import read_trec_run

@@ -4,9 +4,9 @@ result is kept outside the run store refuses ``--force`` in one line, writing no
 
 import yaml
 
-from tests.core.test_offline import assert_one_clear_line
+from tests.cli.test_offline import assert_one_clear_line
 from tests.helpers import run_cli
-from tests.workloads.test_expansion import ear_world  # noqa: F401 - the fixture
+from tests.workloads.kinds.ear.test_expansion import ear_world  # noqa: F401 - the fixture
 
 
 def test_a_dry_run_lists_what_would_stop_the_trials_it_requires(ear_world, tmp_path, monkeypatch):  # noqa: F811
