@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from orchestrator.report.render import MARKERS  # noqa: E402
 from orchestrator.report.results import STATUS_OK, SystemResult  # noqa: E402
 from orchestrator.report.tables import Entry
-from workloads.evaluation import DISPLAY_NAMES  # noqa: E402
+from workloads.evaluation import DISPLAY_NAMES, mean_of  # noqa: E402
 
 
 def _sizes(model_systems: list[SystemResult]) -> list[str]:
@@ -39,7 +39,7 @@ def _mean_by(model_systems: list[SystemResult], axis: str, sizes: list[str]) -> 
         for size in sizes:
             values = [s.value for s in model_systems if not s.is_baseline and s.axes[axis] == name
                       and s.axes["size"] == size and s.status == STATUS_OK]
-            points.append(sum(values) / len(values) if values else None)
+            points.append(mean_of(values) if values else None)
         lines[name] = points
     return lines
 

@@ -20,7 +20,7 @@ from orchestrator.lifecycle.targets import collection_label
 from orchestrator.sweep.grid import Cell, SweepSpec
 from orchestrator.sweep.status import STATUS_OK, cell_states
 from workloads.core.errors import InputError
-from workloads.evaluation import DISPLAY_NAMES, MEASURES
+from workloads.evaluation import DISPLAY_NAMES, MEASURES, mean_of
 
 # How a cell that has no number is shown; never as 0.
 STATUS_LABELS = {
@@ -93,7 +93,7 @@ class RunReader:
             logged = run.data.metrics.get(f"{per_query.prefix}{metric}")
             if logged is None:
                 continue
-            recomputed = sum(values.values()) / len(values) if values else 0.0
+            recomputed = mean_of(values.values()) if values else 0.0
             if abs(recomputed - logged) > AGGREGATE_TOLERANCE:
                 raise InputError(f"MLflow run {run.info.run_id}",
                                  f"{per_query.prefix}{metric} is logged as {logged:.6f} but its {len(values)} per-query "
@@ -229,7 +229,7 @@ class SystemResult:
     def value(self) -> float | None:
         if self.per_query is None:
             return None
-        return sum(self.per_query.values()) / len(self.per_query) if self.per_query else 0.0
+        return mean_of(self.per_query.values()) if self.per_query else 0.0
 
     @property
     def label(self) -> str:
@@ -251,10 +251,10 @@ def systems(results: SweepResults, metric: str, prefix: str) -> list[SystemResul
             qids = set(per_seed[0])
             if any(set(pq) != qids for pq in per_seed):
                 raise InputError(f"sweep {results.sweep.name}", f"the seeds of {'/'.join(key)} were scored on different queries")
-            per_query = {q: sum(pq[q] for pq in per_seed) / len(per_seed) for q in sorted(qids)}
+            per_query = {q: mean_of(pq[q] for pq in per_seed) for q in sorted(qids)}
             by_seed = {m.axes.get("seed", str(i)): pq for i, (m, pq) in enumerate(zip(members, per_seed))}
         validations = [m.run.data.metrics.get(schema.BEST_OBJECTIVE) for m in members if m.run is not None]
-        validation = sum(validations) / len(validations) if validations and None not in validations else None
+        validation = mean_of(validations) if validations and None not in validations else None
         out.append(SystemResult(dict(zip(SYSTEM_AXES, key)), members[0].is_baseline, status, per_query, validation, members,
                                 by_seed))
     return out

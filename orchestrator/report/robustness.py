@@ -30,7 +30,7 @@ from orchestrator.lifecycle.identity import trial_key
 from orchestrator.report.results import STATUS_OK, RunReader
 from orchestrator.report.tables import Entry, Table, TableOptions, family_note
 from workloads.core.errors import InputError
-from workloads.evaluation import DISPLAY_NAMES
+from workloads.evaluation import DISPLAY_NAMES, mean_of
 from workloads.evaluation.significance import (
     CORRECTION_NAMES,
     TEST_NAMES,
@@ -72,7 +72,7 @@ def _mean_over_runs(per_run: list[dict[str, dict[str, float]]], label: str) -> d
         queries = set(per_run[0][metric])
         if any(set(values.get(metric, {})) != queries for values in per_run[1:]):
             raise InputError(label, f"its seeds were scored on different {metric} queries: they cannot be averaged per query")
-        out[metric] = {q: sum(values[metric][q] for values in per_run) / len(per_run) for q in sorted(queries)}
+        out[metric] = {q: mean_of(values[metric][q] for values in per_run) for q in sorted(queries)}
     return out
 
 
@@ -129,7 +129,7 @@ def _seed_fields(per_run: list[dict[str, dict[str, float]]] | None, metric: str)
     by_seed = {str(i): run[metric] for i, run in enumerate(per_run)}
     summary = seed_summary(by_seed)
     return {"seeds": summary.count, "seed_std": summary.std,
-            "per_seed": tuple((seed, sum(v.values()) / len(v)) for seed, v in by_seed.items())}
+            "per_seed": tuple((seed, mean_of(v.values())) for seed, v in by_seed.items())}
 
 
 def _system_row(reader: RunReader, runs, label: str, perturbations: list[str], metrics, test: str, ci: bool = False):
@@ -148,7 +148,7 @@ def _system_row(reader: RunReader, runs, label: str, perturbations: list[str], m
                 entries.append(Entry(None, "missing"))
                 continue
             mine[column] = per_query[metric]
-            value = sum(per_query[metric].values()) / len(per_query[metric])
+            value = mean_of(per_query[metric].values())
             seeds = _seed_fields(per_run, metric)
             if name == CLEAN:
                 entries.append(Entry(value, **seeds))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, SystemResult, baseline_of, systems
 from workloads.core.errors import InputError
-from workloads.evaluation import DISPLAY_NAMES
+from workloads.evaluation import DISPLAY_NAMES, mean_of
 from workloads.evaluation.significance import (
     CORRECTION_NAMES,
     TEST_NAMES,
@@ -132,7 +132,7 @@ def _seed_fields(system: SystemResult) -> dict:
     if not system.per_seed:
         return {}
     summary = seed_summary(system.per_seed)
-    per_seed = tuple((seed, sum(v.values()) / len(v) if v else 0.0) for seed, v in system.per_seed.items())
+    per_seed = tuple((seed, mean_of(v.values()) if v else 0.0) for seed, v in system.per_seed.items())
     return {"seeds": summary.count, "seed_std": summary.std, "per_seed": per_seed}
 
 
@@ -318,7 +318,7 @@ def first_stage_value(results: SweepResults, prefix: str, metric: str) -> float 
     if evaluation is None or metric not in evaluation.values or not evaluation.values[metric]:
         return None
     values = evaluation.values[metric]
-    return sum(values.values()) / len(values)
+    return mean_of(values.values())
 
 
 def select_system(candidates: list[SystemResult], select: dict[str, str]) -> SystemResult | None:
@@ -384,8 +384,8 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
             average.append(Entry(None, "missing"))
             baseline_average.append(Entry(None, "missing"))
             continue
-        mean_value = sum(v for v, _ in pairs) / len(pairs)
-        mean_baseline = sum(b for _, b in pairs) / len(pairs)
+        mean_value = mean_of(v for v, _ in pairs)
+        mean_baseline = mean_of(b for _, b in pairs)
         average.append(Entry(mean_value, relative=relative_change(mean_value, mean_baseline)))
         baseline_average.append(Entry(mean_baseline, is_baseline=True))
     body.append((["average"], average))

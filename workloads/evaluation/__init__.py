@@ -7,6 +7,8 @@ TREC-DL, as trec_eval's ``-l``).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import ir_measures
@@ -40,6 +42,19 @@ DISPLAY_NAMES = {
     "ap": "AP", "map_at_20": "MAP@20", "p_at_1": "P@1", "recall_at_100": "R@100", "recall_at_1000": "R@1000", "success_at_5": "S@5",
     "success_at_20": "S@20", "success_at_100": "S@100",
 }
+
+
+# How an aggregate is summed from its per-query values; part of the key of every cache of
+# aggregates, so that no rerun mixes digits of two summations. 2: math.fsum (1: the built-in sum).
+AGGREGATE_VERSION = 2
+
+
+def mean_of(values: Iterable[float]) -> float:
+    """The mean of floats from their correctly rounded sum: the same digits on every Python (the
+    built-in ``sum()`` of floats is compensated from 3.12, so its last digits depend on the
+    interpreter) and in every order. Every reported mean is this one. Raises on no values."""
+    values = list(values)
+    return math.fsum(values) / len(values)
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[st
     for metric in ir_measures.iter_calc(list(parsed.values()), qrels, judged_run):
         per_query[by_measure[metric.measure]][metric.query_id] = float(metric.value)
     n = len(qrels)
-    aggregate = {name: (sum(values.values()) / n if n else 0.0) for name, values in per_query.items()}
+    aggregate = {name: (mean_of(values.values()) if n else 0.0) for name, values in per_query.items()}
     return Evaluation(aggregate=aggregate, per_query=per_query, relevance_level=relevance_level, num_queries=n)
 
 

@@ -33,11 +33,13 @@ baseline per query (a vector) or per seed and query (a matrix, one row per seed)
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
+from workloads.evaluation import mean_of
 from workloads.evaluation.significance import DIFFERENCE_TOLERANCE
 
 CONFIDENCE = 0.95
@@ -79,9 +81,11 @@ def seed_summary(per_seed: dict[str, dict[str, float]]) -> SeedSummary:
     """Seed -> query -> value: the mean over seeds of each seed's mean over queries, their spread."""
     if not per_seed:
         raise ValueError("no seeds")
-    means = np.array([np.mean(list(values.values())) if values else 0.0 for values in per_seed.values()], dtype=float)
-    std = float(np.std(means, ddof=1)) if len(means) > 1 else None
-    return SeedSummary(float(means.mean()), std, len(means))
+    # Each seed's mean is the one its cell shows (mean_of, not numpy's pairwise sum); the spread is
+    # statistics.stdev's, computed exactly and rounded once: the same digits on every interpreter.
+    means = [mean_of(values.values()) if values else 0.0 for values in per_seed.values()]
+    std = statistics.stdev(means) if len(means) > 1 else None
+    return SeedSummary(mean_of(means), std, len(means))
 
 
 def difference_matrix(system: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> np.ndarray:

@@ -1,10 +1,12 @@
 """Our metrics equal pytrec_eval's (trec_eval) on the same runs, graded and binary."""
 
+import itertools
+
 import pytest
 import pytrec_eval
 
 from workloads.data.resolve import resolve_collection
-from workloads.evaluation import evaluate
+from workloads.evaluation import evaluate, mean_of
 from workloads.evaluation.reranking import merge_with_first_stage
 from workloads.retrieval.bm25 import retrieve
 
@@ -68,3 +70,15 @@ def test_merge_keeps_first_stage_order_below_reranked():
     reranked = {"q": {"a": 0.1, "b": 0.9}}
     merged = merge_with_first_stage(reranked, first_stage)["q"]
     assert sorted(merged, key=merged.get, reverse=True) == ["b", "a", "c", "d"]
+
+
+def test_a_mean_has_the_same_digits_on_every_python_and_in_every_order():
+    """The built-in sum() of floats is naive on 3.11 (0.1 * 10 sums to 0.9999999999999999) and
+    compensated from 3.12 (still order-dependent on these five); math.fsum is neither."""
+    assert mean_of([0.1] * 10) == 0.1
+    values = [0.7, -1e16, 0.2, 1e16, 0.2]  # exact sum 1.1
+    assert {mean_of(p) for p in itertools.permutations(values)} == {1.1 / 5}
+    # ten queries whose relevant document is 10th: RR@10 0.1 each, their mean 0.1 (evaluate's aggregate is mean_of)
+    qrels = {f"q{i}": {"rel": 1} for i in range(10)}
+    run = {q: {"rel": 1.0, **{f"n{j}": 2.0 + j for j in range(9)}} for q in qrels}
+    assert evaluate(run, qrels, metrics=("rr_at_10",)).aggregate == {"rr_at_10": 0.1}

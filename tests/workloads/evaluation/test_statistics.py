@@ -82,6 +82,10 @@ def test_seed_summary_mean_and_sample_standard_deviation():
     summary = seed_summary({"13": {"a": 0.2, "b": 0.4}, "14": {"a": 0.4, "b": 0.6}, "15": {"a": 0.6, "b": 0.8}})
     # per-seed means 0.3, 0.5, 0.7: mean 0.5, sample std sqrt((0.04 + 0 + 0.04) / 2) = 0.2
     assert (summary.mean, summary.std, summary.count) == pytest.approx((0.5, 0.2, 3))
+    # the digits, not approximately: each seed's mean from math.fsum (0.1 x 10 is 1.0 exactly), the
+    # spread exactly rounded (0.1 and 0.3 differ by 0.2, which is 0.2 / sqrt(2) apart from their mean)
+    exact = seed_summary({"13": {str(i): 0.1 for i in range(10)}, "14": {str(i): 0.3 for i in range(10)}})
+    assert (exact.mean, exact.std) == (0.2, 0.1414213562373095)
     single = seed_summary({"13": {"a": 0.2, "b": 0.4}})
     assert single.std is None and single.count == 1 and single.mean == pytest.approx(0.3)
 

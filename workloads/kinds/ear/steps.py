@@ -33,7 +33,7 @@ from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.data.collections import Collection, Qrels
 from workloads.data.parquet_rows import write_rows
 from workloads.data.resolve import resolve_collection
-from workloads.evaluation import RETRIEVAL_MEASURES, Evaluation, evaluate
+from workloads.evaluation import AGGREGATE_VERSION, RETRIEVAL_MEASURES, Evaluation, evaluate
 from workloads.evaluation.reranking import Reranking
 from workloads.kinds.ear.retrieval import SYSTEMS, best_rank, expansion_runs, unchosen_systems
 from workloads.kinds.ear.sources import expansions, source_content
@@ -130,7 +130,7 @@ def _systems(collection: Collection, queries: dict[str, str], qrels: Qrels, spec
     judged = sorted((q, sorted(d.items())) for q, d in qrels.items())
     key = stable_key(collection.fingerprint, sorted(queries.items()), judged, spec.expansion.model_dump_json(),
                      source_content(spec.expansion), spec.bm25.model_dump_json(), spec.ear.depth, RETRIEVAL_MEASURES,
-                     f"sentences-v{SPLITTER_VERSION}")
+                     f"sentences-v{SPLITTER_VERSION}", f"aggregate-v{AGGREGATE_VERSION}")
     path = cache_dir() / "ear-data" / f"systems-{key}.json"
     if path.exists():
         return {name: Evaluation(**value) for name, value in json.loads(path.read_text()).items()}

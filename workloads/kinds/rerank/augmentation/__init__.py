@@ -36,7 +36,7 @@ from workloads.core.logs import get_logger
 from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.data.collections import Collection, sorted_document_ids
 from workloads.data.parquet_rows import write_rows
-from workloads.kinds.rerank.augmentation.scorers import SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer
+from workloads.kinds.rerank.augmentation.scorers import BM25_SCORE_VERSION, SCORERS, SUPERVISED_METHODS, GloVeScorer, SentenceScorer
 from workloads.text.glove import resolve_glove_path
 from workloads.text.sentences import SPLITTER_VERSION, document_sentences
 
@@ -84,7 +84,9 @@ def build_augmentation_sets(collection: Collection, split: str, training_set: Pa
     once, then reused by every trial that asks for it. ``selector``: the trained selector of
     a supervised method (its directory name is its content key)."""
     scorer_key = None
-    if spec.method == "glove":
+    if spec.method == "bm25":
+        scorer_key = f"score-v{BM25_SCORE_VERSION}"
+    elif spec.method == "glove":
         glove = resolve_glove_path(spec.glove_path)
         scorer_key = (str(glove), glove.stat().st_size)
     elif spec.method in SUPERVISED_METHODS:

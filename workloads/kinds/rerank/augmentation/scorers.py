@@ -136,6 +136,10 @@ def corpus_sentence_statistics(collection) -> SentenceStatistics:
     return SentenceStatistics.load(path)
 
 
+# In the key of the augmentation files the bm25 scorer chose: 2 since its scores are summed by math.fsum
+BM25_SCORE_VERSION = 2
+
+
 class BM25SentenceScorer:
     name = "bm25"
     supervised = False
@@ -162,8 +166,9 @@ class BM25SentenceScorer:
         tokens = tokenize(sentence)
         tf = Counter(tokens)
         norm = self.k1 * (1 - self.b + self.b * len(tokens) / self.mean_length)
-        return float(sum(self.idf(w) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
-                         for w in set(query_tokens) if w in tf))
+        # math.fsum: the same score on every Python and in every order of the set (the built-in sum's
+        # last digits depend on both), so sentences' ranking never does (BM25_SCORE_VERSION)
+        return math.fsum(self.idf(w) * tf[w] * (self.k1 + 1) / (tf[w] + norm) for w in set(query_tokens) if w in tf)
 
     def scores(self, query: str, sentences: list[str], rng: random.Random) -> list[float]:
         query_tokens = tokenize(query)
