@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a node of cluster.yaml (Ray runs it over ssh as the node's first setup command):
 #   node-setup.sh head|worker EFS_DNS_NAME
-# waits for the package manager, mounts the shared EFS volume, installs Python 3.11 and the
+# waits for the package manager, mounts the shared EFS volume, installs the cluster's Python
+# (cluster/python-version, the one setting k8s/Dockerfile's image agrees with) and the
 # project's .venv (the head with the `aws` extra: boto3 for Ray's AWS provider and MLflow's S3
 # artifacts), and writes the environment every later command and trial reads.
 #
@@ -69,16 +70,17 @@ if [[ "$role" == worker ]]; then
     bash "$repo/cluster/gpu-check.sh" driver
 fi
 
-step="install Python 3.11"   # the project's; Ubuntu 22.04 ships 3.10
-if ! command -v python3.11 > /dev/null; then
+python_version="$(tr -d '[:space:]' < "$repo/cluster/python-version")"   # the cluster's Python: 3.11, 3.12 or 3.13
+step="install Python $python_version"   # Ubuntu 22.04 ships 3.10: deadsnakes has the others
+if ! command -v "python$python_version" > /dev/null; then
     sudo add-apt-repository -y -n ppa:deadsnakes/ppa
     apt_get update
-    apt_get install python3.11 python3.11-venv
+    apt_get install "python$python_version" "python$python_version-venv"
 fi
 
 step="install the project into $repo/.venv"
 cd "$repo"
-test -x .venv/bin/python || python3.11 -m venv .venv
+test -x .venv/bin/python || "python$python_version" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # torch==2.13.0 from PyPI is its CUDA 13.0 build (it requires cuda-toolkit==13.0.3): the GPU
 # workers' driver must be 580 or newer (cluster/gpu-check.sh checked it above).

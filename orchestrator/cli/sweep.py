@@ -41,7 +41,7 @@ DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.execution import check_ray_address
+    from orchestrator.core.execution import check_driver_python, check_ray_address
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
     from orchestrator.sweep.dry_run import dry_run
     from orchestrator.sweep.grid import load_sweep
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.config)
     paths = sweep_paths(sweep, Path(args.storage))
     if args.dry_run:
+        check_driver_python(args.address, dry_run=True)  # a cluster's Python is the driver's: said before a sweep starts
         report = dry_run(sweep, paths, args.device, args.throughput, args.price_per_hour)
     else:
         # Every check that can refuse comes before the first write: a Ray address that does not
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_staged(sweep_specs(sweep), args.config)  # an unknown index name, a file the workers cannot read
         check_ray_address(args.address)
+        check_driver_python(args.address)
         check_tracking_uri(args.tracking_uri)
         claim_store(paths.root, sweep.name)  # created and marked; a user's folder of the sweep's name is refused
         tracker = open_tracker(args.tracking_uri)

@@ -1,5 +1,5 @@
 """cluster/node-setup.sh run here with the machine's tools replaced by recording stand-ins (sudo,
-apt-get, mount, nvidia-smi, python3.11 and the .venv's pip and python): the order of its steps, what
+apt-get, mount, nvidia-smi, the cluster's python3.X and the .venv's pip and python): the order of its steps, what
 a failing worker says and records, the refusal after 3 failures, and what the head installs.
 Nothing here touches this machine's packages, /etc/fstab or /mnt; the real tools are untested."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+PYTHON = (REPO / "cluster" / "python-version").read_text().strip()  # the cluster's Python, one setting
 EFS = "fs-12345678.efs.us-east-1.amazonaws.com"
 
 STUBS = {
@@ -22,7 +23,7 @@ STUBS = {
     "mount": 'echo "mount $*" >> "$CALLS"; touch "$MOUNTED_FLAG"',
     "mountpoint": '[ -e "$MOUNTED_FLAG" ]',
     "nvidia-smi": 'echo "nvidia-smi $*" >> "$CALLS"; [ "$DRIVER" = none ] && exit 9; echo "$DRIVER"',
-    "python3.11": ('echo "python3.11 $*" >> "$CALLS"; mkdir -p .venv/bin\n'
+    f"python{PYTHON}": (f'echo "python{PYTHON} $*" >> "$CALLS"; mkdir -p .venv/bin\n'
                    'printf \'#!/bin/sh\\necho "pip $*" >> "$CALLS"\\n\' > .venv/bin/pip\n'
                    'printf \'#!/bin/sh\\necho "venv-python $*" >> "$CALLS"; exit ${TORCH_RC:-0}\\n\' > .venv/bin/python\n'
                    "chmod +x .venv/bin/pip .venv/bin/python"),
@@ -40,7 +41,7 @@ def node(tmp_path):
     home = tmp_path / "home"
     scripts = home / "rerank-lab" / "cluster"
     scripts.mkdir(parents=True)
-    for script in ("node-setup.sh", "gpu-check.sh"):
+    for script in ("node-setup.sh", "gpu-check.sh", "python-version"):
         (scripts / script).write_text((REPO / "cluster" / script).read_text())
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -71,7 +72,8 @@ def test_a_worker_waits_for_apt_mounts_checks_the_driver_then_installs(node):
     # the package manager's lock first, the mount before anything needs it, the driver before the long install
     assert first(calls, "cloud-init status --wait") < first(calls, "systemd-run") < first(calls, "apt-get")
     assert any("DPkg::Lock::Timeout=900" in c for c in calls if c.startswith("apt-get"))
-    assert first(calls, "mount") < first(calls, "nvidia-smi") < first(calls, "python3.11 -m venv") < first(calls, "pip install -q -e .")
+    venv = first(calls, f"python{PYTHON} -m venv")
+    assert first(calls, "mount") < first(calls, "nvidia-smi") < venv < first(calls, "pip install -q -e .")
     assert "pip install -q -e ." in calls and not any("[aws]" in c for c in calls)   # a worker needs no boto3
     assert first(calls, "pip install -q -e .") < first(calls, "venv-python -")          # torch's GPU check after the install
     assert node.fstab.read_text() == f"{EFS}:/ {node.shared} nfs4 nfsvers=4.1,rsize=1048576,wsize=1048576,hard,timeo=600,retrans=2," \
@@ -124,3 +126,22 @@ def test_scripts_parse():
     for script in ("node-setup.sh", "gpu-check.sh", "service.sh", "mlflow-server.sh"):
         assert subprocess.run(["bash", "-n", str(REPO / "cluster" / script)]).returncode == 0, script
     assert all(os.access(REPO / "cluster" / s, os.X_OK) for s in ("service.sh", "mlflow-server.sh"))
+
+
+def test_a_node_installs_the_python_that_cluster_python_version_names(node):
+    (node.home / "rerank-lab" / "cluster" / "python-version").write_text("3.13\n")
+    result = node("head", DRIVER="none")
+    assert result.returncode != 0 and "at step 'install the project" in result.stderr  # no python3.13 stand-in here
+    calls = node.calls()
+    install = "apt-get -o DPkg::Lock::Timeout=900 -y -q install python3.13 python3.13-venv"
+    assert install in calls and first(calls, "add-apt-repository -y -n ppa:deadsnakes/ppa") < calls.index(install)
+
+
+def test_the_cluster_and_its_image_run_one_python():
+    """cluster/python-version is the setting; k8s/Dockerfile's base image defaults to the same
+    Python (Ray's tag py311 for 3.11), and its build refuses a base image of another one."""
+    dockerfile = (REPO / "k8s" / "Dockerfile").read_text()
+    assert f"ARG RAY_PYTHON=py{PYTHON.replace('.', '')}\n" in dockerfile
+    assert "FROM rayproject/ray:2.60.0-${RAY_PYTHON}\n" in dockerfile
+    assert '= "$(cat /home/ray/rerank-lab/cluster/python-version)"' in dockerfile
+    assert PYTHON in ("3.11", "3.12", "3.13")  # what pyproject.toml's requires-python allows
