@@ -41,7 +41,8 @@ DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.execution import check_driver_python, check_ray_address
+    from orchestrator.core.cluster_python import check_driver_python
+    from orchestrator.core.execution import check_ray_address
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
     from orchestrator.sweep.dry_run import dry_run
     from orchestrator.sweep.grid import load_sweep

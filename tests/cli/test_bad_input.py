@@ -187,7 +187,7 @@ def test_a_ray_address_that_does_not_answer_fails_within_seconds(tmp_path):
 def test_a_dry_run_for_a_cluster_of_another_python_is_one_line(tmp_path, monkeypatch):
     setting = tmp_path / "python-version"
     setting.write_text("3.99\n")  # the cluster's Python, as cluster/python-version would say it
-    monkeypatch.setattr("orchestrator.core.execution.CLUSTER_PYTHON_FILE", setting)
+    monkeypatch.setattr("orchestrator.core.cluster_python.CLUSTER_PYTHON_FILE", setting)
     proc = cli(tmp_path, "sweep", str(_sweep_file(tmp_path)), "--dry-run", "--address", f"127.0.0.1:{free_port()}", timeout=60)
     one_line(proc, f"cluster/python-version: the cluster runs Python 3.99 but this driver runs Python {sys.version_info[0]}."
                    f"{sys.version_info[1]}", "Ray refuses a driver of another minor version")

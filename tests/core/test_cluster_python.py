@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from orchestrator.core import execution
-from orchestrator.core.execution import check_driver_python, driver_python, live_cluster_python
+from orchestrator.core import cluster_python, execution
+from orchestrator.core.cluster_python import check_driver_python, driver_python, live_cluster_python
 from tests.helpers import free_port
 from workloads.core.errors import InputError
 
@@ -21,7 +21,7 @@ def setting(tmp_path, monkeypatch):
     def write(version: str):
         path = tmp_path / "python-version"
         path.write_text(f"{version}\n")
-        monkeypatch.setattr(execution, "CLUSTER_PYTHON_FILE", path)
+        monkeypatch.setattr(cluster_python, "CLUSTER_PYTHON_FILE", path)
     return write
 
 
@@ -31,12 +31,12 @@ def test_the_drivers_python_is_major_dot_minor():
 
 def test_a_live_cluster_of_another_python_is_one_line(monkeypatch, setting):
     setting(MINE)  # the live cluster's answer wins over the setting
-    monkeypatch.setattr(execution, "live_cluster_python", lambda address: "3.99")
+    monkeypatch.setattr(cluster_python, "live_cluster_python", lambda address: "3.99")
     with pytest.raises(InputError) as error:
         check_driver_python("10.0.0.1:6379")
     assert str(error.value) == (f"10.0.0.1:6379: the cluster runs Python 3.99 but this driver runs Python {MINE} ({sys.executable}): "
                                 "Ray refuses a driver of another minor version; run orchestrate from a Python 3.99 venv")
-    monkeypatch.setattr(execution, "live_cluster_python", lambda address: MINE)
+    monkeypatch.setattr(cluster_python, "live_cluster_python", lambda address: MINE)
     check_driver_python("10.0.0.1:6379")
 
 
