@@ -337,6 +337,7 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
         tuner.fit()
     display.close()
     if trial_logger.input_error is not None:
+        trial_logger.close_stopped()
         raise trial_logger.input_error
 
 
@@ -389,8 +390,18 @@ class MlflowTrialLogger(Callback):
             self.display.trial_seconds(wall)
         if result.get("failure"):
             self.tracker.set_tags(run_id, {schema.FAILURE_TAG: result["failure"]})
-        if result.get("failure") == INPUT_FAILURE and self.input_error is None:
-            self.input_error = InputError(result[INPUT_ERROR_SOURCE], result[INPUT_ERROR_PROBLEM])
+        if result.get("failure") == INPUT_FAILURE:
+            error = InputError(result[INPUT_ERROR_SOURCE], result[INPUT_ERROR_PROBLEM])
+            self.input_error = self.input_error or error
+            self.tracker.fail(run_id, INPUT_FAILURE, error)  # now: the stopper ends the run before its trial completes
+
+    def close_stopped(self) -> None:
+        """After bad input stopped the sweep: the trials it stopped are KILLED and marked interrupted
+        (their Optuna trials stay RUNNING: the next run resumes them, as after Ctrl-C)."""
+        for run_id in self.runs.values():
+            if self.tracker.client.get_run(run_id).info.status == "RUNNING":
+                self.tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})
+                self.tracker.finish(run_id, "KILLED")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run_id(trial)
