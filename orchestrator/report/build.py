@@ -29,6 +29,7 @@ from orchestrator.report.tables import (
     zero_shot_table,
 )
 from orchestrator.sweep.grid import SweepSpec
+from orchestrator.sweep.status import cannot_check_line
 from orchestrator.sweep.store import experiment_owner
 from workloads.core.errors import InputError
 from workloads.core.logs import get_logger
@@ -88,6 +89,9 @@ def load_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
         raise InputError(sweep.name, f"no MLflow experiment '{sweep.name}' in {tracker.uri}: run the sweep first")
 
     experiment_owner(sweep, tracker, experiment)  # another file's sweep of this name is one line; a copied store is its own
+    unchecked = cannot_check_line(sweep)
+    if unchecked:
+        get_logger("report").warning("%s: %s", sweep.name, unchecked)
     return load_sweep_results(sweep, tracker)
 
 
