@@ -22,6 +22,7 @@ from orchestrator.report.tables import (
     TableOptions,
     compare_with_baselines,
     family_p_values,
+    first_stage_title,
     first_stage_value,
     grid_table,
     table_family,
@@ -216,7 +217,8 @@ def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions
         mine = [s for s in all_systems if s.axes["model"] == model]
         safe = model.replace("/", "_")
         written.append(plot_metric_by_size(mine, model, options.metric, label, out_dir / f"by-size-{safe}-{options.metric}-{label}.png",
-                                           first_stage_value(results, prefix, options.metric)))
+                                           first_stage_value(results, prefix, options.metric),
+                                           first_stage_title(results.first_stage_label(prefix))))
         written.append(plot_relative_by_size(mine, entries, model, options.metric, label,
                                              out_dir / f"relative-{safe}-{options.metric}-{label}.png"))
     return written
