@@ -173,6 +173,11 @@ class FirstStageSpec(_Strict):
             if unread:
                 owners = [m for m in FIRST_STAGES.values() if any(name in m.fields for name in group)]
                 raise ValueError(says(self.method, group, unread, owners))
+        if self.fusion == "rrf" and self.fusion_weight is not None:  # (a method without fusion said so above)
+            raise ValueError("fusion_weight weighs an interpolation of the scores: it has no effect with fusion rrf "
+                             "(set fusion: interpolation, or leave fusion_weight out)")
+        if self.fusion == "interpolation" and self.rrf_k != defaults["rrf_k"]:
+            raise ValueError("rrf_k is reciprocal rank fusion's constant: it has no effect with fusion interpolation")
         if "/" in self.index:  # a path would key runs by its name only, whatever it holds
             raise ValueError(f"index '{self.index}': give build, prebuilt or a Pyserini prebuilt index's name, not a path")
         return self

@@ -78,7 +78,7 @@ def _stop_ray_output() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.core.execution import set_environment_defaults
+    from orchestrator.core.execution import input_error_in, set_environment_defaults
 
     set_environment_defaults()
     args = build_parser().parse_args(argv)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {input_error_in(exc)}", file=sys.stderr)  # (a Ray task's arrives as its RayTaskError)
         return EXIT_INPUT_ERROR
     except Interrupted as exc:
         _stop_ray_output()
@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         where = exc.filename or "a file"
         print(f"error: {where}: cannot write here ({os.strerror(exc.errno).lower()})", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+    except Exception as exc:
+        error = input_error_in(exc)  # a Ray Train worker's, under Train's ControllerError or WorkerGroupError
+        if error is None:
+            raise
+        _stop_ray_output()
+        print(f"error: {error}", file=sys.stderr)
         return EXIT_INPUT_ERROR
 
 

@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
          f"interrupted {status['trials_interrupted']}, running {status['trials_running']}")
     if status["cells_interrupted"] or status["trials_interrupted"]:
         emit("interrupted work resumes when the sweep runs again (the same command)")
+    if status["data_unchecked"]:
+        emit(status["data_unchecked"])
     if status["cells_stale"]:
         emit("stale cells were tested on data that has changed since: running the sweep again tests them again")
     if status["selectors"]:

@@ -17,7 +17,10 @@ SpecT = TypeVar("SpecT", bound=BaseModel)
 class DuplicateKey(ValueError):
     def __init__(self, key: str, line: int, first: int):
         super().__init__(f"{key}: set twice (first at line {first}): YAML would keep the last silently")
-        self.line = line
+        self.key, self.line, self.first = key, line, first
+
+    def __reduce__(self):  # picklable, as every project error
+        return type(self), (self.key, self.line, self.first)
 
 
 def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:

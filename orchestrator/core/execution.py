@@ -380,6 +380,44 @@ def _train_loop_per_worker(config: dict) -> None:
             kind.train(spec, inputs, report, device=device, resume_from=Path(resume_from), **stop, **in_epoch)
 
 
+def input_error_in(exc: BaseException) -> InputError | None:
+    """The :class:`InputError` a Ray worker raised, under Ray's wrappers: a task's
+    ``RayTaskError`` (``cause``), Train V2's ``ControllerError`` (``controller_failure``) and
+    ``WorkerGroupError`` (``worker_failures``, each maybe a ``UserExceptionWithTraceback``),
+    and explicit chaining (``raise ... from``). Not ``__context__``: an error raised while one
+    was handled is another error, a bug to show whole."""
+    seen, pending = set(), [exc]
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        cause = getattr(error, "cause", None)  # RayTaskError: the worker's own error (itself an instance of its class)
+        if isinstance(error, InputError) and not isinstance(cause, BaseException):
+            return error
+        pending += [error.__cause__, cause, getattr(error, "controller_failure", None), getattr(error, "_base_exc", None)]
+        pending += list((getattr(error, "worker_failures", None) or {}).values())
+    return None
+
+
+def input_error_ends_training():
+    """A Ray Train callback (run on Train's controller) by which a worker's :class:`InputError`
+    ends the training at once: bad input fails every attempt alike, and Train V2 retries any
+    worker's error (``FailureConfig.max_failures``: 4 attempts of one failure by default). Train
+    has no per-error retry rule; an error a callback raises is the controller's, which Train
+    never retries (``ControllerError``), and the driver finds the InputError under it."""
+    from ray.train import UserCallback
+
+    class InputErrorEndsTraining(UserCallback):  # (defined here: Ray is imported where it is used)
+        def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+            for error in worker_exceptions.values():
+                found = input_error_in(error)
+                if found is not None:
+                    raise found
+
+    return InputErrorEndsTraining()
+
+
 def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: list | None = None,
                  stop_file: Path | None = None):
     """The ``TorchTrainer`` of a trial of any kind (``workloads.kinds``): ``workers``
@@ -401,7 +439,7 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
             storage_path=str(Path(storage_path).resolve()),
             checkpoint_config=CheckpointConfig(checkpoint_score_attribute=OBJECTIVE, checkpoint_score_order="max"),
             failure_config=FailureConfig(max_failures=spec.resources.max_failures),
-            callbacks=callbacks or [],
+            callbacks=[input_error_ends_training(), *(callbacks or [])],
         ),
     )
 

@@ -315,9 +315,12 @@ class Tracker:
         self.finish(run_id, "FAILED")
 
     def resumed(self, run_id: str) -> None:
-        """A run taken up again after Ctrl-C: no longer marked interrupted."""
-        if schema.INTERRUPTED_TAG in self.client.get_run(run_id).data.tags:
-            self.client.delete_tag(run_id, schema.INTERRUPTED_TAG)
+        """A run taken up again (after Ctrl-C, or an error that stopped the command): no longer
+        marked interrupted or failed, so a run that then finishes says nothing of the earlier attempt."""
+        tags = self.client.get_run(run_id).data.tags
+        for tag in (schema.INTERRUPTED_TAG, schema.FAILURE_TAG, schema.ERROR_TAG):
+            if tag in tags:
+                self.client.delete_tag(run_id, tag)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)

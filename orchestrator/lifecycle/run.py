@@ -16,6 +16,7 @@ typed (:class:`TrialResult`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -188,7 +189,13 @@ class RayTrialSteps:
         if kept is not None:
             close_kept_run(self.tracker, self.experiment_id(), self.key, kept, kind.result_file)
             log.info("%s %s already trained: reusing %s", kind.name, spec.name, kept)
-            return TrialResult.from_metrics("", True, {}, names, kept)
+            # what is printed is the run that produced it (its chosen epoch, its tests), not an empty result
+            run = self.tracker.find_run(self.experiment_id(), self.key, status="FINISHED")
+            if run is not None:
+                return TrialResult.from_metrics(run.info.run_id, True, dict(run.data.metrics), names, kept)
+            summary = json.loads((kept / kind.result_file).read_text())  # kept where this store has no run of it
+            return TrialResult.from_metrics("", True, {k: v for k, v in summary.items() if isinstance(v, (int, float))},
+                                            names, kept)
         if kind.keeps_result:  # its result is found where it is kept, never in the store
             return None
         self.data, self.test_data = training_data_identity(spec), test_data_identity(self.targets)

@@ -22,6 +22,7 @@ from orchestrator.report.tables import (
     TableOptions,
     compare_with_baselines,
     family_p_values,
+    first_stage_title,
     first_stage_value,
     grid_table,
     table_family,
@@ -29,6 +30,7 @@ from orchestrator.report.tables import (
     zero_shot_table,
 )
 from orchestrator.sweep.grid import SweepSpec
+from orchestrator.sweep.status import cannot_check_line
 from orchestrator.sweep.store import experiment_owner
 from workloads.core.errors import InputError
 from workloads.core.logs import get_logger
@@ -88,6 +90,9 @@ def load_results(sweep: SweepSpec, tracker: Tracker) -> SweepResults:
         raise InputError(sweep.name, f"no MLflow experiment '{sweep.name}' in {tracker.uri}: run the sweep first")
 
     experiment_owner(sweep, tracker, experiment)  # another file's sweep of this name is one line; a copied store is its own
+    unchecked = cannot_check_line(sweep)
+    if unchecked:
+        get_logger("report").warning("%s: %s", sweep.name, unchecked)
     return load_sweep_results(sweep, tracker)
 
 
@@ -212,7 +217,8 @@ def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions
         mine = [s for s in all_systems if s.axes["model"] == model]
         safe = model.replace("/", "_")
         written.append(plot_metric_by_size(mine, model, options.metric, label, out_dir / f"by-size-{safe}-{options.metric}-{label}.png",
-                                           first_stage_value(results, prefix, options.metric)))
+                                           first_stage_value(results, prefix, options.metric),
+                                           first_stage_title(results.first_stage_label(prefix))))
         written.append(plot_relative_by_size(mine, entries, model, options.metric, label,
                                              out_dir / f"relative-{safe}-{options.metric}-{label}.png"))
     return written

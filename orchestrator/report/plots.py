@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from orchestrator.report.render import MARKERS  # noqa: E402
 from orchestrator.report.results import STATUS_OK, SystemResult  # noqa: E402
-from orchestrator.report.tables import Entry
+from orchestrator.report.tables import Entry, first_stage_title
 from workloads.evaluation import DISPLAY_NAMES, mean_of  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def _plot_line(ax, sizes: list[str], points: list[float | None], **style) -> Non
 
 
 def plot_metric_by_size(model_systems: list[SystemResult], model: str, metric: str, collection: str, path: Path,
-                        first_stage: float | None = None) -> Path:
+                        first_stage: float | None = None, first_stage_label: str = first_stage_title("BM25")) -> Path:
     sizes = _sizes(model_systems)
     baseline = [next((s.value for s in model_systems if s.is_baseline and s.axes["size"] == size and s.status == STATUS_OK), None)
                 for size in sizes]
@@ -60,7 +60,7 @@ def plot_metric_by_size(model_systems: list[SystemResult], model: str, metric: s
             _plot_line(ax, sizes, points, label=name)
         _plot_line(ax, sizes, baseline, label="baseline", color="black", linestyle="--")
         if first_stage is not None:  # the ranking every system re-ranks, for reference
-            ax.axhline(first_stage, color="grey", linestyle=":", label="BM25 (first stage)")
+            ax.axhline(first_stage, color="grey", linestyle=":", label=first_stage_label)
         ax.set_xticks(range(len(sizes)), sizes)
         ax.set_xlabel("training size (query-document pairs)")
         ax.set_title(f"by {axis}")

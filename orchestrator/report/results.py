@@ -16,11 +16,12 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
-from orchestrator.lifecycle.targets import collection_label
+from orchestrator.lifecycle.targets import collection_label, targets
 from orchestrator.sweep.grid import Cell, SweepSpec
 from orchestrator.sweep.status import STATUS_OK, cell_states
 from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES, mean_of
+from workloads.retrieval.first_stage import FIRST_STAGES
 
 # How a cell that has no number is shown; never as 0.
 STATUS_LABELS = {
@@ -147,6 +148,18 @@ class SweepResults:
         """
         targets = [(collection_label(self.test_collection, self.test_split), schema.target_prefix(schema.TEST))]
         return targets + [(collection_label(t.collection, t.split), schema.target_prefix(t.name)) for t in self.sweep.zero_shot]
+
+    def first_stage_label(self, prefix: str) -> str:
+        """The label of the first stage the winners re-ranked on ``prefix``'s collection (its
+        method's, from the first-stage registry: ``BM25``, ``hybrid``, ``dense``, ...): a target's
+        own first stage where it has one, else the trial's."""
+        runnable = next((c.spec for c in self.sweep.cells if c.spec is not None), None)
+        for target in targets(runnable, self.sweep.zero_shot_targets) if runnable is not None else []:
+            if schema.target_prefix(target.name) == prefix:
+                used = getattr(target.spec.data, "test_first_stage", None) or getattr(target.spec, "first_stage", None)
+                if used is not None and getattr(used, "method", None) in FIRST_STAGES:
+                    return FIRST_STAGES[used.method].label
+        return FIRST_STAGES["bm25"].label  # (the default first stage)
 
     def prefix_for(self, collection: str | None) -> str:
         """The metric prefix of ``--collection`` (default: the sweep's own test split)."""

@@ -302,14 +302,18 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
     num_tested = sum(1 for e in entries.values() if e.p_value is not None)
     has_baseline = any(s.is_baseline for s in all_systems)
     legend = _legend(options, num_tested, num_queries, collection, has_baseline, family)
-    legend.append(f"{FIRST_STAGE_COLUMN}: " + ("the ranking every system re-ranks" if has_baseline else "BM25 alone") +
+    first_stage_column = first_stage_title(results.first_stage_label(prefix))
+    legend.append(f"{first_stage_column}: " + ("the ranking every system re-ranks" if has_baseline
+                                               else f"{results.first_stage_label(prefix)} alone") +
                   ", for reference (not compared, not marked).")
     legend += _uncertainty_notes(options, num_tested, family, entries.values(), compared=has_baseline)
     return Table(f"{results.sweep.name}: {DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}",
-                 list(rows), [FIRST_STAGE_COLUMN, *columns], body, legend, ci=options.ci, show_seeds=options.seeds)
+                 list(rows), [first_stage_column, *columns], body, legend, ci=options.ci, show_seeds=options.seeds)
 
 
-FIRST_STAGE_COLUMN = "BM25 (first stage)"
+def first_stage_title(label: str) -> str:
+    """The reference column (and plot line) of the first stage every system re-ranks: ``BM25 (first stage)``."""
+    return f"{label} (first stage)"
 
 
 def first_stage_value(results: SweepResults, prefix: str, metric: str) -> float | None:

@@ -96,6 +96,16 @@ class _SearchSettings(_Strict):
     wilcoxon_p: float = Field(default=0.1, gt=0, lt=1, description="wilcoxon: prune when the trial is worse than the "
                                                                    "cell's best with a one-sided p below this")
 
+    @model_validator(mode="after")
+    def _read_by_the_pruner(self) -> _SearchSettings:
+        """A pruner's setting given to another pruner has no effect: refused, not ignored (defaults pass,
+        so a dumped spec validates again)."""
+        fields = type(self).model_fields
+        for name, reader in (("wilcoxon_p", "wilcoxon"), ("pruner_startup_trials", "median")):
+            if self.pruner != reader and getattr(self, name) != fields[name].default:
+                raise ValueError(f"{name} is the {reader} pruner's setting: it has no effect with pruner '{self.pruner}'")
+        return self
+
 
 # Every parameter a kind declares a sweep may search (``TrialKind.searched``, kinds in the
 # registry's order, a name two kinds declare once): a new searched parameter joins the search space.

@@ -31,6 +31,8 @@ from workloads.kinds import TrialKind, kind_named, kind_of
 COUNTED = "counted"          # user attr: a FAIL that uses up one of the cell's trials
 TRAIN_RUN = "train_run"      # user attr: Ray Train run name (stable across resumes)
 FAILURE = "failure"          # user attr: why a trial failed (error, oom)
+INPUT_FAILURE = "input"      # a trial's outcome when its input is wrong: the sweep stops and says why
+INPUT_ERROR_SOURCE, INPUT_ERROR_PROBLEM = "input_error_source", "input_error_problem"  # its report: the InputError
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -363,6 +365,8 @@ class CellStudiesSearcher(Searcher):
                 self.best_seen.get(trial_id) if not error and trial_id not in self.pruned and not (result or {}).get("failure") else None)
         if error and self.interruption is not None and self.interruption.is_set():
             return  # stopped by Ctrl-C: left RUNNING, so the next run resumes it from its checkpoint
+        if not error and (result or {}).get("failure") == INPUT_FAILURE:
+            return  # bad input, which stops the sweep: left RUNNING, so the next run (input fixed) runs it again
         if trial_id in self.pruned and not error:  # a recorded outcome: never retried, never a winner
             self.best_seen.pop(trial_id, None)
             trial.set_user_attr(PRUNED_TAG, self.pruned[trial_id])

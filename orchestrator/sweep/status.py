@@ -18,6 +18,7 @@ from orchestrator.sweep.grid import Cell, SweepSpec, sweep_file
 from orchestrator.sweep.store import check_store_owner, sweep_paths
 from orchestrator.sweep.winners import checkpoint_disk_use
 from workloads.core.errors import InputError
+from workloads.data.identity import collection_found
 
 STATUS_OK = "ok"  # tested on the data it has today; the other states: see cell_states
 
@@ -26,7 +27,8 @@ def cell_states(sweep: SweepSpec, tracker: Tracker) -> tuple[str | None, list[tu
     """The sweep's MLflow experiment id (None before it ran) and every cell of the grid with its
     state and its MLflow cell run (None before it has one). A state is one of: ok, unavailable (no
     workload can run the cell yet), pending (no run yet), stale (tested on data that changed
-    since), interrupted, failed or running."""
+    since; a tested cell whose test data is not found here is ok: :func:`cannot_check_line`
+    says so), interrupted, failed or running."""
     experiment = tracker.client.get_experiment_by_name(sweep.name)
     runs = []
     if experiment is not None:
@@ -35,7 +37,9 @@ def cell_states(sweep: SweepSpec, tracker: Tracker) -> tuple[str | None, list[tu
     by_key = {r.data.tags.get(schema.TRIAL_KEY_TAG): r for r in runs}
     cells = sweep.cells
     runnable = next((c for c in cells if c.spec is not None), None)
-    test_data = test_data_identity(targets(runnable.spec, sweep.zero_shot_targets)) if runnable is not None and runs else None
+    # a collection not found here has another identity than the one tested: it cannot be compared
+    test_data = (test_data_identity(targets(runnable.spec, sweep.zero_shot_targets))
+                 if runnable is not None and runs and not unfound_test_collections(sweep) else None)
     states = []
     for cell in cells:
         run = by_key.get(cell.key)
@@ -45,7 +49,7 @@ def cell_states(sweep: SweepSpec, tracker: Tracker) -> tuple[str | None, list[tu
             status = "pending"
         elif run.info.status == "FINISHED":
             recorded = run.data.tags.get(schema.TEST_DATA_TAG)
-            status = "stale" if recorded and recorded != test_data else STATUS_OK
+            status = "stale" if recorded and test_data and recorded != test_data else STATUS_OK
         elif run.data.tags.get(schema.INTERRUPTED_TAG) == "true":
             status = "interrupted"
         elif run.info.status in ("FAILED", "KILLED"):
@@ -54,6 +58,25 @@ def cell_states(sweep: SweepSpec, tracker: Tracker) -> tuple[str | None, list[tu
             status = "running"
         states.append((cell, status, run))
     return (experiment.experiment_id if experiment else None), states
+
+
+def unfound_test_collections(sweep: SweepSpec) -> list[str]:
+    """The collections the sweep's winners are tested on that are not found on this machine."""
+    runnable = next((c for c in sweep.cells if c.spec is not None), None)
+    if runnable is None:
+        return []
+    refs = [t.spec.data.test_collection or t.spec.data.collection for t in targets(runnable.spec, sweep.zero_shot_targets)]
+    return [ref for ref in dict.fromkeys(refs) if not collection_found(ref)]
+
+
+def cannot_check_line(sweep: SweepSpec) -> str | None:
+    """What status and the report say when the test data cannot be checked here (never "stale":
+    testing again would find the same data once it is found)."""
+    unfound = unfound_test_collections(sweep)
+    if not unfound:
+        return None
+    return (f"cannot check: {', '.join(unfound)} not found (set ORCHESTRATE_DATA_DIR to the data directory the sweep "
+            "ran with): whether its cells were tested on today's data is unknown")
 
 
 def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) -> dict:
@@ -117,6 +140,7 @@ def sweep_status(sweep: SweepSpec, tracker: Tracker | None, storage_root: Path) 
                            "val_ndcg_at_10": r.data.metrics.get(schema.BEST_OBJECTIVE),
                            "test_ndcg_at_10": r.data.metrics.get(f"{schema.target_prefix(schema.TEST)}ndcg_at_10")}
                           for r in sorted(selector_runs, key=lambda r: r.info.run_name or "")],
+        "data_unchecked": cannot_check_line(sweep) if experiment is not None else None,
         "failed_trials": [f"{r.info.run_name} ({r.data.tags.get(schema.CELL_TAG)}): {r.data.tags.get(schema.FAILURE_TAG, '?')} "
                           f"{r.data.tags.get(schema.ERROR_TAG, '')}".strip() for r in by_status["FAILED"]],
     }

@@ -34,6 +34,7 @@ from orchestrator.core.execution import (
     cluster_has_gpu,
     epoch_results,
     init_ray,
+    input_error_in,
     limits_unreadable,
     make_trainer,
     trial_capacity,
@@ -45,6 +46,9 @@ from orchestrator.sweep.grid import Cell, SweepSpec, sweep_file
 from orchestrator.sweep.search import (
     COUNTED,
     FAILURE,
+    INPUT_ERROR_PROBLEM,
+    INPUT_ERROR_SOURCE,
+    INPUT_FAILURE,
     TRAIN_RUN,
     CellStudiesSearcher,
     TrialConfig,
@@ -139,6 +143,12 @@ def _sweep_trial(config: dict) -> None:
         run_steps(trial.trial_spec(), TuneTrialSteps(trial))
     except _Ended:
         return
+    except Exception as exc:  # bad input fails every attempt alike: an outcome, not retried, that stops the sweep
+        error = input_error_in(exc)  # (its Train workers' too: under Train's ControllerError)
+        if error is None:
+            raise
+        ray.tune.report({FAILURE: INPUT_FAILURE, INPUT_ERROR_SOURCE: error.source, INPUT_ERROR_PROBLEM: error.problem,
+                         schema.OBJECTIVE: float("nan")})  # Tune insists on the metric
 
 
 # What Ray's memory monitor says when it kills a worker because its node runs low on memory
@@ -255,14 +265,14 @@ def _distinct_shapes(cells: list[Cell]) -> list[Cell]:
 class _InterruptStopper(Stopper):
     """Ends the Tune run once the command is interrupted (Tune stops its trials and returns)."""
 
-    def __init__(self, interruption):
-        self.interruption = interruption
+    def __init__(self, interruption, trial_logger: MlflowTrialLogger | None = None):
+        self.interruption, self.trial_logger = interruption, trial_logger
 
     def __call__(self, trial_id, result):
         return False
 
-    def stop_all(self):
-        return self.interruption.is_set()
+    def stop_all(self):  # and once a trial found bad input: every other trial would meet it too
+        return self.interruption.is_set() or (self.trial_logger is not None and self.trial_logger.input_error is not None)
 
 
 def search_cells(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_address, verbose, interruption, gates: dict,
@@ -296,6 +306,7 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
              "" if verbose else f"; Ray's own output goes to {paths.log_file}")
     display.concurrency = concurrent
     searcher.storage = str(paths.ray_storage)
+    trial_logger = MlflowTrialLogger(tracker, experiment_id, cell_runs, sweep, display, searcher, interruption)
     tuner = ray.tune.Tuner(
         # The Train workers hold the trial's CPUs and GPUs. The Tune trial itself reserves a
         # little memory, not a CPU fraction: 0.01 CPU per trial leaves no node a whole CPU
@@ -314,8 +325,8 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
         run_config=ray.tune.RunConfig(
             name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
             failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[MlflowTrialLogger(tracker, experiment_id, cell_runs, sweep, display, searcher, interruption)],
-            stop=_InterruptStopper(interruption),
+            callbacks=[trial_logger],
+            stop=_InterruptStopper(interruption, trial_logger),
             verbose=0,
         ),
     )
@@ -325,6 +336,9 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
     with interruption.graceful(lambda: None):  # the stopper ends the Tune run at its next step
         tuner.fit()
     display.close()
+    if trial_logger.input_error is not None:
+        trial_logger.close_stopped()
+        raise trial_logger.input_error
 
 
 # ----------------------------------------------------------------------------- the Tune callback
@@ -339,6 +353,7 @@ class MlflowTrialLogger(Callback):
         self.display, self.searcher, self.interruption = display, searcher, interruption
         self.runs: dict[str, str] = {}
         self.started: dict[str, float] = {}
+        self.input_error: InputError | None = None  # the first a trial reported: the sweep stops on it
 
     def _run_id(self, trial) -> str:
         if trial.trial_id not in self.runs:
@@ -375,6 +390,18 @@ class MlflowTrialLogger(Callback):
             self.display.trial_seconds(wall)
         if result.get("failure"):
             self.tracker.set_tags(run_id, {schema.FAILURE_TAG: result["failure"]})
+        if result.get("failure") == INPUT_FAILURE:
+            error = InputError(result[INPUT_ERROR_SOURCE], result[INPUT_ERROR_PROBLEM])
+            self.input_error = self.input_error or error
+            self.tracker.fail(run_id, INPUT_FAILURE, error)  # now: the stopper ends the run before its trial completes
+
+    def close_stopped(self) -> None:
+        """After bad input stopped the sweep: the trials it stopped are KILLED and marked interrupted
+        (their Optuna trials stay RUNNING: the next run resumes them, as after Ctrl-C)."""
+        for run_id in self.runs.values():
+            if self.tracker.client.get_run(run_id).info.status == "RUNNING":
+                self.tracker.set_tags(run_id, {schema.INTERRUPTED_TAG: "true"})
+                self.tracker.finish(run_id, "KILLED")
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run_id(trial)

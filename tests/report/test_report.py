@@ -7,6 +7,7 @@ ran (pending). Every expectation below follows from that construction.
 """
 
 import csv
+import dataclasses
 import io
 import os
 import re
@@ -128,6 +129,17 @@ def test_grid_table_values_relative_change_and_markers(store):
     # Emphasis: scl best, then ctriplet (whose mean equals the baseline's: they share "second").
     assert (scl.emphasis, ctriplet.emphasis, base.emphasis) == ("best", "second", "second")
 
+
+
+def test_the_first_stage_column_is_named_by_the_first_stage_the_sweep_re_ranked(store):
+    """A hybrid first stage's column is the hybrid's (was "BM25"); a zero-shot target's own first stage, its own."""
+    hybrid = SweepSpec.model_validate({**SWEEP, "base": {**SWEEP["base"], "first_stage": {"method": "hybrid", "model": "minilm-l6"}},
+                                       "zero_shot": [{"collection": "beir/nfcorpus", "first_stage": {"method": "bm25"}}]})
+    results = dataclasses.replace(_results(store), sweep=hybrid)
+    table = grid_table(results, "test_", "scifact", ("model", "size"), "augmentation", TableOptions())
+    assert table.columns[0] == "hybrid (first stage)"
+    assert "hybrid (first stage): the ranking every system re-ranks, for reference (not compared, not marked)." in table.notes
+    assert grid_table(results, "zs_nfcorpus_test_", "nfcorpus", ("model",), "size", TableOptions()).columns[0] == "BM25 (first stage)"
 
 def test_missing_and_failed_cells_are_shown_never_as_zero(store):
     table = _table(store)

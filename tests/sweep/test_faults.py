@@ -3,11 +3,14 @@ not retried; a worker that Ray's memory monitor killed is an accident of its nod
 processes' memory counts too) and raises, so Tune retries it. Ray's own exception types and
 the raylet's message, without a cluster."""
 
+from types import SimpleNamespace
+
 import pytest
 from ray.exceptions import OutOfMemoryError
 from ray.train import WorkerGroupError
 
-from orchestrator.sweep.tune import _is_out_of_memory
+from orchestrator.sweep.search import FAILURE, INPUT_ERROR_PROBLEM, INPUT_ERROR_SOURCE, INPUT_FAILURE
+from orchestrator.sweep.tune import MlflowTrialLogger, _InterruptStopper, _is_out_of_memory
 from workloads.training import StepOutOfMemoryError
 
 # The raylet's words when its memory monitor kills a worker (Ray 2.60's format strings, filled in)
@@ -45,3 +48,39 @@ def test_a_step_that_does_not_fit_is_a_deterministic_out_of_memory(failure):
 
 def test_other_failures_are_neither():
     assert not _is_out_of_memory(_worker_group_error(ValueError("training rows make no full step")))
+
+
+class _RecordingTracker:
+    """The tracker calls of the Tune callback, as the runs' status and tags they leave."""
+
+    def __init__(self, runs: list[str]):
+        self.status = dict.fromkeys(runs, "RUNNING")
+        self.tags: dict[str, dict] = {run: {} for run in runs}
+        self.client = SimpleNamespace(get_run=lambda run: SimpleNamespace(info=SimpleNamespace(status=self.status[run])))
+
+    def set_tags(self, run, tags):
+        self.tags[run].update(tags)
+
+    def finish(self, run, status="FINISHED"):
+        self.status[run] = status
+
+    def fail(self, run, failure, error=None):
+        self.set_tags(run, {"failure": failure, "error": str(error)})
+        self.finish(run, "FAILED")
+
+
+def test_bad_input_fails_its_trial_run_at_once_and_the_trials_it_stopped_are_resumable():
+    """The stopper ends the Tune run on the result that reports bad input, before Tune says the trial
+    completed: its run is FAILED then, and the runs of the trials stopped with it are KILLED and
+    marked interrupted (their Optuna trials stay RUNNING: the next run resumes them), none RUNNING."""
+    tracker = _RecordingTracker(["bad", "other"])
+    logger = MlflowTrialLogger(tracker, "1", {}, None, None, None)
+    logger.runs = {"t-bad": "bad", "t-other": "other"}
+    logger.on_trial_result(0, [], SimpleNamespace(trial_id="t-bad"),
+                           {FAILURE: INPUT_FAILURE, INPUT_ERROR_SOURCE: "m", INPUT_ERROR_PROBLEM: "cannot load model"})
+    assert (str(logger.input_error), tracker.status["bad"]) == ("m: cannot load model", "FAILED")
+    assert tracker.tags["bad"] == {"failure": "input", "error": "m: cannot load model"}
+    assert _InterruptStopper(SimpleNamespace(is_set=lambda: False), logger).stop_all()
+    logger.close_stopped()
+    assert tracker.status == {"bad": "FAILED", "other": "KILLED"}
+    assert tracker.tags["other"] == {"rerank_lab.interrupted": "true"}

@@ -73,6 +73,19 @@ def test_trial_runs_left_open_are_closed_from_their_optuna_outcome(store):
     assert reconcile_trial_runs(tracker, experiment, searcher) == 0  # nothing left open
 
 
+
+def test_a_run_taken_up_again_no_longer_says_why_an_earlier_attempt_stopped(store):
+    """A trial run bad input failed (or Ctrl-C stopped) is reused by the next run of the sweep: once
+    taken up, it carries no failure of the earlier attempt (a FINISHED run tagged failure=input lied)."""
+    _, tracker, _, cells, experiment, cell_runs = store
+    key = f"{cells[0].key}/t0"
+    run = tracker.start_trial_run(experiment, "t0", key, {}, {schema.CELL_TAG: cells[0].key})
+    tracker.fail(run, "input", "model: cannot load model or tokenizer")
+    assert tracker.start_trial_run(experiment, "t0", key, {}, {schema.CELL_TAG: cells[0].key}) == run  # no duplicate
+    again = tracker.client.get_run(run)
+    assert again.info.status == "RUNNING"
+    assert not {schema.FAILURE_TAG, schema.ERROR_TAG, schema.INTERRUPTED_TAG} & set(again.data.tags)
+
 def test_a_pruned_trial_is_recorded_never_retried_and_resume_keeps_it(tmp_path):
     """The cell's pruner with the real searcher and an Optuna SQLite storage, fed as Tune feeds
     it: a trial below the median of its cell's earlier trials at an epoch is asked to stop (its

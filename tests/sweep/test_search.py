@@ -6,7 +6,17 @@ from concurrent.futures import Future
 import optuna
 
 from orchestrator.sweep.grid import SweepSpec, expand_grid
-from orchestrator.sweep.search import COUNTED, TRAIN_RUN, CellStudiesSearcher, TrialConfig, open_study, requeue_interrupted, sample
+from orchestrator.sweep.search import (
+    COUNTED,
+    FAILURE,
+    INPUT_FAILURE,
+    TRAIN_RUN,
+    CellStudiesSearcher,
+    TrialConfig,
+    open_study,
+    requeue_interrupted,
+    sample,
+)
 
 SWEEP = {"name": "s", "base": {"data": {"collection": "beir/scifact"}},
          "grid": {"models": ["m"], "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
@@ -107,3 +117,19 @@ def test_the_trial_config_tune_carries_reads_back_as_it_was_written(tmp_path):
     assert config.trial_spec().optimization.learning_rate == written["params"]["learning_rate"]
     older = {k: v for k, v in written.items() if k not in ("kind", "axes", "tags")}
     assert TrialConfig.of(older).trial_kind.name == "rerank" and TrialConfig.of(older).axes == {}
+
+
+def test_a_trial_that_met_bad_input_is_asked_again_once_the_input_is_fixed(tmp_path):
+    """Bad input stops the sweep: the trial that met it used up none of its cell's trials (it is
+    left RUNNING, so the next run asks it again with its parameters and Train run name)."""
+    sweep, cell = _cell()
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = CellStudiesSearcher([cell], sweep.search, url)
+    config = searcher.suggest("t0")
+    searcher.on_trial_result("t0", {FAILURE: INPUT_FAILURE, "val_ndcg_at_10": float("nan")})
+    searcher.on_trial_complete("t0", {FAILURE: INPUT_FAILURE, "val_ndcg_at_10": float("nan")})
+    study = open_study(url, cell, sweep.search)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.RUNNING]
+    assert requeue_interrupted(study) == 1
+    again = CellStudiesSearcher([cell], sweep.search, url).suggest("t1")
+    assert again["params"] == config["params"] and again["train_run"] == config["train_run"]

@@ -15,6 +15,11 @@ class InputError(Exception):
         self.problem = problem
         super().__init__(f"{self.source}: {problem}")
 
+    def __reduce__(self):
+        # Exception pickles as type(*self.args): one message, where __init__ takes two. A Ray
+        # worker's InputError reaches the driver pickled, so rebuild it from what __init__ takes.
+        return type(self), (self.source, self.problem), self.__dict__
+
 
 class RequirementNotTrained(InputError):
     """A trial reads what a required trial keeps (a selector, an EAR trial's run) before that

@@ -25,6 +25,21 @@ def local_directory(ref: str) -> Path | None:
     return None
 
 
+
+def collection_found(ref: str) -> bool:
+    """Whether a reference names data on this machine: a local directory (itself, or under
+    ``$ORCHESTRATE_DATA_DIR``), or an ir_datasets id whose files ir_datasets keeps here. When not,
+    its :func:`collection_identity` is not that of the data results were recorded on (a local
+    collection seen from a shell without ``$ORCHESTRATE_DATA_DIR`` looks like an ir_datasets id),
+    so nothing can be said about whether that data changed."""
+    if local_directory(ref) is not None:
+        return True
+    if ref.startswith(("/", ".", "~")):
+        return False
+    # ir_datasets' home (ir_datasets.util.home_path), read here: importing ir_datasets costs seconds
+    home = Path(os.environ.get("IR_DATASETS_HOME") or "~/.ir_datasets").expanduser()
+    return (home / ref.strip("/").split("/")[0]).is_dir()
+
 def same_collection(first: str, second: str) -> bool:
     """Whether two references name one collection (the same local directory, or the same id)."""
     a, b = local_directory(first), local_directory(second)

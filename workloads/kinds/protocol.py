@@ -60,6 +60,9 @@ class GridError(ValueError):
         super().__init__(message)
         self.entries = entries
 
+    def __reduce__(self):  # picklable (a Ray worker's error reaches the driver pickled)
+        return type(self), (str(self), self.entries)
+
 
 @dataclass(frozen=True)
 class GridCell:

@@ -127,6 +127,12 @@ def needs_augmentation(spec) -> bool:
         spec.contrastive != "none" and CONTRASTIVE_LOSSES[spec.contrastive].needs_augmentation)
 
 
+def teacher_losses(spec) -> list[str]:
+    """The names of ``spec``'s losses that regress on a teacher's scores (the trial then needs mined negatives)."""
+    losses = [RANKING_LOSSES[spec.ranking]] + ([CONTRASTIVE_LOSSES[spec.contrastive]] if spec.contrastive != "none" else [])
+    return [loss.name for loss in losses if loss.needs_teacher]
+
+
 def build_loss(spec, hidden_size: int) -> PairLoss:
     """The training loss of a ``workloads.spec.LossSpec``."""
     def settings(cls: type[PairLoss]) -> dict:
@@ -142,5 +148,5 @@ def build_loss(spec, hidden_size: int) -> PairLoss:
 
 __all__ = ["ModelOutputs", "PairLoss", "Parameter", "RANKING_LOSSES", "CONTRASTIVE_LOSSES", "WEIGHTINGS", "WEIGHTING_PARAMETERS",
            "PARAMETERS", "RANKING_PARAMETERS", "CONTRASTIVE_PARAMETERS", "collect_declarations", "build_ranking_loss",
-           "build_contrastive_loss", "build_loss", "needs_augmentation", "loss_parameters", "searchable_parameters",
+           "build_contrastive_loss", "build_loss", "needs_augmentation", "teacher_losses", "loss_parameters", "searchable_parameters",
            "RankingWithContrastive", "LambdaLoss"]

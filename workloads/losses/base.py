@@ -140,6 +140,7 @@ class PairLoss(nn.Module):
     searchable: ClassVar[tuple[str, ...]] = ()      # derived: LossSpec fields a sweep may search
     needs_hidden_size: ClassVar[bool] = False       # the constructor takes the encoder's hidden size
     needs_augmentation: ClassVar[bool] = False  # contrasts pairs with their augmented views: needs an augmenter
+    needs_teacher: ClassVar[bool] = False  # regresses on a teacher's scores: only mined negatives carry them
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

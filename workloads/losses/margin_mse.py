@@ -16,6 +16,7 @@ class MarginMSE(PairLoss):
     """
 
     name = "margin_mse"
+    needs_teacher = True  # without training_data.mining no row has a score: the loss would be 0 throughout
 
     def forward(self, outputs: ModelOutputs, structure) -> torch.Tensor:
         teacher = getattr(structure, "teacher", None)

@@ -22,6 +22,7 @@ from workloads.losses import (
     WEIGHTING_PARAMETERS,
     loss_parameters,
     needs_augmentation,
+    teacher_losses,
 )
 from workloads.retrieval.first_stage import FIRST_STAGES
 from workloads.spec import (
@@ -315,6 +316,10 @@ class TrialSpec(_Strict):
         if needs_augmentation(self.loss) and self.augmentation.method == "none":
             raise ValueError(f"contrastive '{self.loss.contrastive}' contrasts a relevant pair with its augmented view: "
                              "set augmentation.method")
+        teacher = teacher_losses(self.loss)
+        if teacher and self.training_data.mining is None:
+            raise ValueError(f"loss {teacher[0]} regresses on a teacher's scores, which only mined negatives carry: "
+                             "set training_data.mining (without it the loss is 0 throughout and nothing is learned)")
         self.optimization.check_batch(self.training_data.negatives)
         if self.optimization.batching != "triples" and self.augmentation.method != "none":
             raise ValueError(f"augmentation pairs each triple with its augmented copy: it needs batching triples, "
