@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from orchestrator.lifecycle.targets import targets
 from workloads.core.errors import InputError, RequirementNotTrained
 from workloads.core.logs import get_logger
-from workloads.core.paths import cache_dir
+from workloads.core.paths import cache_dir, data_dir
 from workloads.kinds import kind_of, requirements
 from workloads.models.cross_encoder import fetch_model
 
@@ -115,6 +115,11 @@ def preflight(spec) -> list[str]:
     collection that is neither local nor an ir_datasets id, a file that does not exist), then
     what would stop each trial it requires (an EAR first stage's EAR trial). One line each."""
     problems = dict.fromkeys(kind_of(spec).preflight(spec))
+    for directory in (cache_dir, data_dir):  # a variable naming a file: the trial would stop on its first read
+        try:
+            directory()
+        except InputError as exc:
+            problems[str(exc)] = None
     try:
         required = requirements([spec])
     except InputError as exc:  # a required trial's file that cannot be read
