@@ -137,8 +137,19 @@ def retrieve_dense(collection: Collection, queries: dict[str, str], k: int, sour
     run = search_store(store, query_ids, embedded, k, method, threshold)
     run = {qid: docs for qid, docs in run.items() if docs}
     write_trec_run(run, path, "dense")
-    get_logger("first-stage").info(f"dense ({method}) retrieved {k} of {store.rows:,} documents for {len(run):,} queries")
+    get_logger("first-stage").info(f"dense ({method}) {_found(run, k, store.rows)}")
     return path
+
+
+def _found(run: dict[str, dict], k: int, rows: int) -> str:
+    """What a dense search found, in words: the documents each query got (fewer than ``k`` when
+    the collection has fewer), not the depth that was asked."""
+    counts = [len(docs) for docs in run.values()]
+    if not counts:
+        return f"retrieved nothing from {rows:,} documents"
+    each = f"{min(counts):,}" if min(counts) == max(counts) else f"{min(counts):,}-{max(counts):,}"
+    asked = f" ({k:,} asked)" if max(counts) < k else ""
+    return f"retrieved {each} of {rows:,} documents per query{asked} for {len(run):,} queries"
 
 
 def dense(collection: Collection, split: str, queries: dict[str, str], k: int, fs) -> Path:
