@@ -1,10 +1,13 @@
 """Messages read exactly (issue 59): a kind a file names that no kind is, a trial file given to a
-command that takes a sweep file."""
+command that takes a sweep file; what the dense kind's preflight and preparation say."""
 
 import pytest
 import yaml
 
+from orchestrator.lifecycle import preparation
+from orchestrator.lifecycle.preparation import Unit, fetch_models
 from tests.helpers import run_cli
+from workloads.kinds.dense.spec import DenseTrialSpec
 
 
 def error_line(proc) -> str:
@@ -37,3 +40,50 @@ def test_a_trial_file_given_to_a_sweep_command_says_so(tmp_path, command):
         f"error: t.yaml: a trial file, not a sweep file (it has no grid): `orchestrate {command}` takes a sweep file "
         "(name, base, grid, search); `orchestrate run` runs a trial file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]  # nothing written
+
+
+# ----------------------------------------------------------------------------- the dense kind's preflight
+OFFLINE = ("not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1): give a local model directory or an "
+           "alias (minilm-l6), or download it first on a connected machine (huggingface-cli download {})")
+
+
+def dense_trial(tmp_path, **changes):
+    trial = {"name": "d", "kind": "dense", "data": {"collection": "beir/scifact", "validation_queries": 5},
+             "model": {"name": "minilm-l6"}, "dense": {"objective": "diffcse", "generator": "distilbert-base-uncased"},
+             **changes}
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(trial, sort_keys=False))
+    return "d.yaml"
+
+
+def test_a_dense_dry_run_lists_an_unknown_encoder_a_missing_collection_and_an_uncached_generator(tmp_path):
+    trial = dense_trial(tmp_path, data={"collection": "beir/not-here", "validation_queries": 5},
+                        model={"name": "bert-not-cached"}, first_stage={"method": "run", "path": "absent.trec"})
+    proc = run_cli(tmp_path, "run", trial, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    stops = [line.removeprefix("  would stop before it computes: ") for line in proc.stdout.splitlines()
+             if line.startswith("  would stop")]
+    assert stops == ["model.name bert-not-cached: " + OFFLINE.format("bert-not-cached"),
+                     "dense.generator distilbert-base-uncased: " + OFFLINE.format("distilbert-base-uncased"),
+                     "beir/not-here: unknown dataset: not a local directory, not under $ORCHESTRATE_DATA_DIR, not an "
+                     "ir_datasets id",
+                     "absent.trec: first_stage path: no such run file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.yaml"]
+
+
+@pytest.mark.parametrize("command", ["prepare", "run"])
+def test_prepare_and_run_refuse_an_uncached_generator_before_any_worker(tmp_path, command):
+    proc = run_cli(tmp_path, command, dense_trial(tmp_path))
+    assert error_line(proc) == "error: dense.generator distilbert-base-uncased: " + OFFLINE.format("distilbert-base-uncased")
+
+
+def test_the_frequency_generator_is_no_model_to_check(tmp_path):
+    proc = run_cli(tmp_path, "run", dense_trial(tmp_path, dense={"objective": "diffcse"}), "--dry-run")
+    assert proc.returncode == 0 and "would stop" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_prepare_fetches_the_generator_with_the_encoder(tmp_path, monkeypatch):
+    fetched = []
+    monkeypatch.setattr(preparation, "fetch_model", lambda name, field: fetched.append((name, field)))
+    spec = DenseTrialSpec.model_validate(yaml.safe_load((tmp_path / dense_trial(tmp_path)).read_text()))
+    fetch_models([Unit("d", (spec, spec))])
+    assert fetched == [("minilm-l6", "model.name"), ("distilbert-base-uncased", "dense.generator")]

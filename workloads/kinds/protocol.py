@@ -105,6 +105,11 @@ def _no_first_stage(spec) -> list:
     return []
 
 
+def _model_of(spec) -> list[tuple[str, str]]:
+    model = getattr(spec, "model", None)
+    return [("model.name", model.name)] if model is not None else []
+
+
 @dataclass(frozen=True)
 class TrialKind:
     """A trial kind: every step of its lifecycle and everything the control plane asks of it.
@@ -154,6 +159,7 @@ class TrialKind:
     # --- h1-lifecycle's (one run_trial for every kind)
     title: str = "trial"                                        # how commands name one for people
     preflight: Callable[[Any], list[str]] = lambda spec: []     # what stops it before it computes (one line each)
+    models: Callable[[Any], list[tuple[str, str]]] = _model_of  # (field, name) of each model it loads: `prepare` fetches each
     configuration_problems: Callable[[Any], list[str]] = lambda spec: []  # what in its file can never run: one line each
     kept_in: Callable[[Any], Path] | None = None                # where its result is kept
     report: Callable | None = None                              # what `orchestrate run` prints for a trial it reports itself
