@@ -87,3 +87,25 @@ def test_prepare_fetches_the_generator_with_the_encoder(tmp_path, monkeypatch):
     spec = DenseTrialSpec.model_validate(yaml.safe_load((tmp_path / dense_trial(tmp_path)).read_text()))
     fetch_models([Unit("d", (spec, spec))])
     assert fetched == [("minilm-l6", "model.name"), ("distilbert-base-uncased", "dense.generator")]
+
+
+# ----------------------------------------------------------------------------- a re-ranking trial's preflight
+def test_a_rerank_dry_run_lists_a_missing_cross_encoder_and_a_fusion_weight_without_a_train_split(tmp_path):
+    target = tmp_path / "tiny"  # a zero-shot target without a train split
+    (target / "qrels").mkdir(parents=True)
+    (target / "corpus.jsonl").write_text('{"_id": "d1", "text": "cats purr"}\n{"_id": "d2", "text": "dogs bark"}\n')
+    (target / "queries.jsonl").write_text('{"_id": "q1", "text": "what purrs"}\n')
+    (target / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    trial = {"name": "r", "data": {"collection": "beir/scifact", "validation_queries": 5, "test_collection": str(target)},
+             "model": {"name": "minilm-l6"}, "loss": {"ranking": "margin_mse"},
+             "training_data": {"mining": {"method": "cross_encoder", "model": str(tmp_path / "no-checkpoint")}}}
+    trial["data"]["test_first_stage"] = {"method": "hybrid", "model": "minilm-l6", "fusion": "interpolation"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(trial, sort_keys=False))
+    proc = run_cli(tmp_path, "run", "r.yaml", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    stops = [line.removeprefix("  would stop before it computes: ") for line in proc.stdout.splitlines()
+             if line.startswith("  would stop")]
+    assert stops == [f"training_data.mining.model: '{tmp_path / 'no-checkpoint'}': give a kept cross-encoder's checkpoint "
+                     "directory",
+                     f"{target}: hybrid interpolation tunes its weight on the 'train' split's queries and this collection has "
+                     "none: give first_stage.fusion_weight, or fusion: rrf"]

@@ -21,6 +21,7 @@ from typing import Any
 from workloads.core.errors import InputError
 from workloads.core.paths import stable_key
 from workloads.data.identity import local_directory
+from workloads.retrieval.mining import MINERS
 
 # A tag a kind's runs carry that the control plane reads (the report's table of selectors): on
 # a selector run and on the cells it serves, the data it was trained on, cell (the cell's N
@@ -240,6 +241,12 @@ def check_collections(problems: Problems, *references: str | None) -> None:
     for reference in dict.fromkeys(r for r in references if r):
         if local_directory(reference) is None:
             problems.check(require_known_dataset, reference)
+
+
+def check_mining(problems: Problems, mining) -> None:
+    """What would stop a ``training_data.mining`` miner (a missing checkpoint), as its method says."""
+    if mining is not None and mining.method in MINERS:
+        problems.check(MINERS[mining.method].preflight, mining)
 
 
 # ----------------------------------------------------------------------------- report

@@ -223,12 +223,22 @@ def _check(fs, collection: str, split: str, where: str) -> None:
         require_model_available(fs.model, f"{where}.model")
 
 
+def _hybrid_preflight(fs, collection: str, split: str, where: str) -> None:
+    """A weight to tune where there is nothing to tune it on (a zero-shot collection without a
+    train split), found by the dry run, not only by prepare."""
+    if _option(fs, "fusion", "rrf") == "interpolation" and getattr(fs, "fusion_weight", None) is None:
+        from workloads.data.resolve import resolve_collection
+
+        tuning_queries(resolve_collection(collection), split)
+
+
 _DENSE_FIELDS = {"run": "a dense trial file", "model": "an off-the-shelf encoder", "dense_index": "flat, hnsw or auto",
                  "hnsw_threshold": "documents above which auto searches HNSW"}
 DENSE_FIRST_STAGE = FirstStageMethod("dense", dense, "dense", fields=_DENSE_FIELDS, requires=dense_requires,
                                      identity=dense_identity, check=_check)
 HYBRID_FIRST_STAGE = FirstStageMethod(
     "hybrid", hybrid, "hybrid", searches_index=True, requires=dense_requires, identity=dense_identity, check=_check,
+    preflight=_hybrid_preflight,
     fields={**_DENSE_FIELDS, "k1": "BM25's k1", "b": "BM25's b", "index": "the BM25 index searched",
             "fusion": "rrf or interpolation", "fusion_weight": "the dense run's interpolation weight (None: tuned)",
             "rrf_k": "RRF's constant"})

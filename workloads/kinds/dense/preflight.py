@@ -8,7 +8,7 @@ from pathlib import Path
 
 from workloads.kinds.dense.spec import FREQUENCY_GENERATOR, DenseTrialSpec
 from workloads.kinds.dense.steps import prepare_dense
-from workloads.kinds.protocol import Problems, check_collections
+from workloads.kinds.protocol import Problems, check_collections, check_mining
 from workloads.models.cross_encoder import require_model_available
 
 GENERATOR_FIELD = "dense.generator"
@@ -29,6 +29,7 @@ def dense_preflight(spec: DenseTrialSpec) -> list[str]:
     for field, name in dense_models(spec):
         problems.check(require_model_available, name, field=field)
     check_collections(problems, spec.data.collection, spec.data.test_collection)
+    check_mining(problems, spec.training_data.mining)
     path = spec.first_stage.path
     if path and not Path(path).expanduser().is_file():
         problems.add(f"{path}: first_stage path: no such run file")
