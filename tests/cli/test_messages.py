@@ -109,3 +109,25 @@ def test_a_rerank_dry_run_lists_a_missing_cross_encoder_and_a_fusion_weight_with
                      "directory",
                      f"{target}: hybrid interpolation tunes its weight on the 'train' split's queries and this collection has "
                      "none: give first_stage.fusion_weight, or fusion: rrf"]
+
+
+# ----------------------------------------------------------------------------- an EAR first stage trained on other data
+def _ear_pair(tmp_path, ear_data: dict, trial_data: dict) -> str:
+    (tmp_path / "ear.yaml").write_text(yaml.safe_dump({"kind": "ear", "name": "e", "model": {"name": "minilm-l6"},
+                                                       "data": {"collection": "beir/scifact", **ear_data}}))
+    trial = {"name": "r", "model": {"name": "minilm-l6"}, "first_stage": {"method": "ear", "run": "ear.yaml"},
+             "data": {"collection": "beir/scifact", **trial_data}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(trial, sort_keys=False))
+    return "r.yaml"
+
+
+def test_an_ear_first_stage_trained_on_this_trials_validation_queries_is_refused(tmp_path):
+    proc = run_cli(tmp_path, "run", _ear_pair(tmp_path, {"validation_queries": 20}, {"validation_queries": 50}), "--dry-run")
+    assert error_line(proc).endswith(
+        "the EAR trial carves 20 validation queries from train and trained on the rest, and this trial carves 50 from "
+        "train: it would validate on queries the EAR first stage trained on (give both the same data.validation_queries)")
+
+
+def test_an_ear_first_stage_with_the_same_validation_is_accepted(tmp_path):
+    proc = run_cli(tmp_path, "run", _ear_pair(tmp_path, {"validation_queries": 20}, {"validation_queries": 20}), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
