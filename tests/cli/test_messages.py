@@ -131,3 +131,24 @@ def test_an_ear_first_stage_trained_on_this_trials_validation_queries_is_refused
 def test_an_ear_first_stage_with_the_same_validation_is_accepted(tmp_path):
     proc = run_cli(tmp_path, "run", _ear_pair(tmp_path, {"validation_queries": 20}, {"validation_queries": 20}), "--dry-run")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_ear_first_stage_validated_otherwise_without_overlap_is_one_warning(tmp_path):
+    beir = tmp_path / "tiny"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "text {i}"}}\n' for i in range(16)))
+    (beir / "queries.jsonl").write_text("".join(f'{{"_id": "q{i}", "text": "query {i}"}}\n' for i in range(16)))
+    for split, ids in (("train", range(0, 8)), ("dev", range(8, 14)), ("test", range(14, 16))):
+        (beir / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in ids))
+    (tmp_path / "ear.yaml").write_text(yaml.safe_dump({"kind": "ear", "name": "e", "model": {"name": "minilm-l6"},
+                                                       "data": {"collection": str(beir), "validation_split": "dev",
+                                                                "validation_cap": 5}}))
+    trial = {"name": "r", "model": {"name": "minilm-l6"}, "first_stage": {"method": "ear", "run": "ear.yaml"},
+             "data": {"collection": str(beir), "validation_split": "dev"}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(trial, sort_keys=False))
+    proc = run_cli(tmp_path, "run", "r.yaml", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "validated on other queries" in line]
+    assert len(warned) == 1 and warned[0].endswith(
+        f"EAR first stage {tmp_path / 'ear.yaml'} was validated on other queries than this trial's (dev capped at 5): its candidates "
+        "are not chosen on this trial's validation"), proc.stderr

@@ -95,9 +95,10 @@ def _trained_on_held_out(trial) -> str | None:
     if data.validation_split == ear.train_split:
         return f"the EAR trial trained on {ear.train_split}, the split this trial validates on: validation must be held out"
     if (ear.validation_split, ear.validation_cap) != (data.validation_split, data.validation_cap):
+        theirs = (f"{ear.validation_split}" + (f" capped at {ear.validation_cap}" if ear.validation_cap else "")
+                  if ear.validation_split else f"carved from {ear.train_split}")
         _warn_once(f"EAR first stage {trial.first_stage.run} was validated on other queries than this trial's "
-                   f"({ear.validation_split or 'carved from ' + ear.train_split}): its candidates are not chosen on "
-                   "this trial's validation")
+                   f"({theirs}): its candidates are not chosen on this trial's validation")
     return None
 
 
