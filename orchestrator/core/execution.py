@@ -345,10 +345,6 @@ def _train_loop_per_worker(config: dict) -> None:
     # (wall clock: the trainer was made in another process; this attempt's first report carries it)
     startup = {"epoch_startup_seconds": max(0.0, time.time() - config["submitted_at"])} if "submitted_at" in config else {}
     configure_logging()  # the driver's level, from the environment
-    # Ray Train's own INFO lines here ("Reporting training result N: TrainingReport(...)", every
-    # per-query list included) reach the driver's terminal through log_to_driver: only with -v.
-    if os.environ.get(LEVEL_ENV, "INFO") != "DEBUG":
-        logging.getLogger("ray.train").setLevel(logging.WARNING)
     kind = TRIAL_KINDS[config["kind"]]
     spec = kind.spec.model_validate(config["spec"])
     inputs = kind.inputs(**config["inputs"])

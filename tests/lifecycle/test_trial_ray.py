@@ -86,12 +86,3 @@ def test_worker_progress_reaches_the_driver_once(trial_run):
     work, _, _, _ = trial_run
     lines = [line for line in (work / "first.stderr").read_text().splitlines() if "[train] epoch 1/2 [" in line]
     assert lines and len(lines) == len(set(lines))  # Train V2's print patch would print each line twice
-
-
-def test_the_default_level_prints_the_projects_lines_not_ray_trains(trial_run):
-    # Ray Train's workers log every report ("Reporting training result 1: TrainingReport(...)", the
-    # per-query lists in it) at INFO; forwarded to the driver, they filled the terminal of `run`
-    work, _, _, _ = trial_run
-    stderr = (work / "first.stderr").read_text()
-    assert "TrainingReport(" not in stderr and "Reporting training result" not in stderr, stderr[-3000:]
-    assert "chosen epoch" in stderr  # the project's own lines are there
