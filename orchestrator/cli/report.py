@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.robustness:
         return _robustness(args)
-    sweeps = [load_sweep(path) for path in args.sweeps]
+    sweeps = [load_sweep(path, "report") for path in args.sweeps]  # (a trial file: report --robustness reads it)
     for sweep in sweeps:
         _check_storage(sweep, args.storage)
     options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits,

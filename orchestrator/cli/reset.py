@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         sweep_paths,
     )
 
-    sweep = load_sweep(args.config)
+    sweep = load_sweep(args.config, "reset")
     paths = sweep_paths(sweep, Path(args.storage))
     tracker = open_tracker(args.tracking_uri, write=False)
     experiment = tracker.client.get_experiment_by_name(sweep.name) if tracker is not None else None

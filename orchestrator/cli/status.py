@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from orchestrator.sweep.grid import load_sweep
     from orchestrator.sweep.status import sweep_status
 
-    sweep = load_sweep(args.config)
+    sweep = load_sweep(args.config, "status")
     status = sweep_status(sweep, open_tracker(args.tracking_uri, write=False), Path(args.storage))
     if args.json:
         emit(json.dumps(status, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import TypeVar
 
@@ -103,6 +104,29 @@ def load_spec(path: Path, model: type[SpecT]) -> SpecT:
     return validate(data, model, Path(path), lines)
 
 
+def check_kind_names(data: dict, path: Path, lines: dict[tuple, int]) -> None:
+    """A ``kind:`` (at the top or in ``base``) that names no trial kind, as one line listing the
+    kinds a file can name: unchecked, the file would be read as a re-ranking trial and fail on
+    the first of the other kind's keys ("model.towers: unknown key")."""
+    from workloads.kinds import DEFAULT_KIND, TRIAL_KINDS  # noqa: PLC0415  (lazy: the kinds load torch, 9 s)
+
+    named = sorted(name for name, kind in TRIAL_KINDS.items() if "kind" in kind.spec.model_fields)
+    for key in (("kind",), ("base", "kind")):
+        holder = data.get(key[0]) if len(key) == 2 else data
+        if not isinstance(holder, dict) or "kind" not in holder or holder["kind"] in named:
+            continue
+        value = holder["kind"]
+        close = [n for n in named if str(value).strip().lower() == n] or difflib.get_close_matches(str(value), named, n=1)
+        hint = f": did you mean '{close[0]}'?" if close else ""
+        raise InputError(f"{path}:{lines.get(key, '?')}",
+                         f"{'.'.join(key)}: unknown trial kind {value!r} (a file names kind: {', '.join(named)}; "
+                         f"{_an(TRIAL_KINDS[DEFAULT_KIND].described_as)} trial names none){hint}")
+
+
+def _an(word: str) -> str:
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def _deep_merge(base: dict, override: dict) -> dict:
     merged = dict(base)
     for key, value in override.items():
@@ -118,6 +142,7 @@ def load_trials(path: Path, model: type[SpecT]) -> tuple[str, list[SpecT]]:
     """
     path = Path(path)
     data, lines = read_yaml(path)
+    check_kind_names(data, path, lines)
     if "trials" not in data:
         spec = validate(data, model, path, lines)
         return spec.name, [spec]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from orchestrator.lifecycle.targets import targets
 from workloads.core.errors import InputError, RequirementNotTrained
 from workloads.core.logs import get_logger
-from workloads.core.paths import cache_dir
+from workloads.core.paths import cache_dir, data_dir
 from workloads.kinds import kind_of, requirements
 from workloads.models.cross_encoder import fetch_model
 
@@ -70,13 +70,17 @@ def cache_files() -> int:
 
 
 def fetch_models(units: Sequence[Unit]) -> None:
-    """Download every distinct Hugging Face model the units train (a no-op for local ones, and
-    for those already in the Hugging Face cache): on a cluster, ``orchestrate prepare`` on the
-    head fills the shared cache, so no GPU node waits on a download."""
-    names = dict.fromkeys(spec.model.name for unit in units for spec in unit.specs if hasattr(spec, "model"))
-    for name in names:
+    """Download every distinct Hugging Face model the units load (their kinds' ``models``: a dense
+    trial's generator too; a no-op for local ones, and for those already in the Hugging Face
+    cache): on a cluster, ``orchestrate prepare`` on the head fills the shared cache, so no GPU
+    node waits on a download."""
+    names: dict[str, str] = {}  # model -> the first field naming it (for the message)
+    for spec in (spec for unit in units for spec in unit.specs):
+        for field, name in kind_of(spec).models(spec):
+            names.setdefault(name, field)
+    for name, field in names.items():
         started = time.perf_counter()
-        where = fetch_model(name)
+        where = fetch_model(name, field)
         if where is not None:
             log.info("model %s: in the Hugging Face cache (%s), %.1fs", name, where, time.perf_counter() - started)
 
@@ -115,6 +119,11 @@ def preflight(spec) -> list[str]:
     collection that is neither local nor an ir_datasets id, a file that does not exist), then
     what would stop each trial it requires (an EAR first stage's EAR trial). One line each."""
     problems = dict.fromkeys(kind_of(spec).preflight(spec))
+    for directory in (cache_dir, data_dir):  # a variable naming a file: the trial would stop on its first read
+        try:
+            directory()
+        except InputError as exc:
+            problems[str(exc)] = None
     try:
         required = requirements([spec])
     except InputError as exc:  # a required trial's file that cannot be read

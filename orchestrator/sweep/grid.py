@@ -24,7 +24,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator, model_validator
 
 from orchestrator.core import schema
-from orchestrator.core.config import input_error, read_yaml, validate
+from orchestrator.core.config import check_kind_names, input_error, read_yaml, validate
 from orchestrator.lifecycle.identity import trial_key
 from orchestrator.lifecycle.targets import ZeroShot, target_overlap, targets
 from workloads.core.errors import InputError
@@ -332,11 +332,16 @@ def check_search(sweep: SweepSpec, cells: list[Cell]) -> tuple[tuple, str] | Non
     return None
 
 
-def load_sweep(path: Path) -> SweepSpec:
+def load_sweep(path: Path, command: str = "sweep") -> SweepSpec:
     """A sweep file, validated with every cell's trial spec (the base is checked through them)
-    and its search against the cells; errors name the file and the line."""
+    and its search against the cells; errors name the file and the line. A trial file is
+    refused as one (``command``: the command that was given it, named in the message)."""
     path = Path(path)
     data, lines = read_yaml(path)
+    if "grid" not in data and ("trials" in data or "base" not in data):
+        raise InputError(path, f"a trial file, not a sweep file (it has no grid): `orchestrate {command}` takes a sweep "
+                               "file (name, base, grid, search); `orchestrate run` runs a trial file")
+    check_kind_names(data, path, lines)
     sweep = validate(data, SweepSpec, path, lines)
     try:
         cells = sweep.cells

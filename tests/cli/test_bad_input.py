@@ -160,6 +160,23 @@ def test_run_dry_run_prints_the_resolved_trial_and_what_would_stop_it(tmp_path):
     assert files_under(tmp_path) == {"t.yaml"}
 
 
+def test_a_cache_or_data_variable_naming_a_file_is_one_line(tmp_path):
+    config = {"name": "t", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6"}}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "afile").write_text("mine")
+    afile = tmp_path / "afile"
+    proc = run_cli(tmp_path, "prepare", "t.yaml", env={"ORCHESTRATE_CACHE_DIR": str(afile)})
+    assert one_line(proc) == f"error: $ORCHESTRATE_CACHE_DIR: {afile} is not a directory"
+    proc = run_cli(tmp_path, "prepare", "t.yaml", env={"ORCHESTRATE_CACHE_DIR": str(afile / "cache")})
+    assert one_line(proc) == f"error: $ORCHESTRATE_CACHE_DIR: {afile / 'cache'} is not a directory ({afile} is a file)"
+    proc = run_cli(tmp_path, "prepare", "t.yaml", env={"ORCHESTRATE_DATA_DIR": str(afile)})
+    assert one_line(proc) == f"error: $ORCHESTRATE_DATA_DIR: {afile} is not a directory"
+    proc = run_cli(tmp_path, "run", "t.yaml", "--dry-run", env={"ORCHESTRATE_CACHE_DIR": str(afile)})
+    assert proc.returncode == 0, proc.stderr
+    assert f"would stop before it computes: $ORCHESTRATE_CACHE_DIR: {afile} is not a directory" in proc.stdout
+    assert files_under(tmp_path) == {"t.yaml", "afile"} and afile.read_text() == "mine"
+
+
 # ----------------------------------------------------------------------------- stores
 
 

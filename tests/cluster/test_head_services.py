@@ -5,8 +5,10 @@ directory of their own, on loopback and free ports."""
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +19,9 @@ import yaml
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+# The environment of the interpreter running the tests (a venv's root: bin/python, bin/mlflow), wherever
+# it lives: the head's commands find it at ~/rerank-lab/.venv, as on a head (see head_home).
+ENVIRONMENT = Path(sys.executable).parent.parent
 
 # 617b804's head_setup_commands: the `pgrep -f` guard that never let MLflow start under Ray's wrapper
 OLD_MLFLOW_COMMAND = (
@@ -33,17 +38,23 @@ def as_ray_runs_it(command: str, home: Path, env: dict[str, str] | None = None, 
     from ray.autoscaler._private.util import with_envs
 
     wrapped = " ".join(_with_interactive(with_envs([command], env or {})[0]))
-    shell_env = {"HOME": str(home), "PATH": f"{REPO / '.venv' / 'bin'}:/usr/bin:/bin", "MLFLOW_DISABLE_TELEMETRY": "true",
+    shell_env = {"HOME": str(home), "PATH": f"{home / 'rerank-lab' / '.venv' / 'bin'}:/usr/bin:/bin", "MLFLOW_DISABLE_TELEMETRY": "true",
                  "LANG": "C.UTF-8"}
     return subprocess.run(["bash", "-c", wrapped], capture_output=True, text=True, env=shell_env, timeout=timeout)
 
 
 @pytest.fixture()
 def head_home(tmp_path):
-    """A home like the head's: the project at ~/rerank-lab (its .venv included), an empty ~/.bashrc."""
+    """A home like the head's: the project at ~/rerank-lab with its .venv (the tests' interpreter's
+    environment: the checkout may have none), an empty ~/.bashrc."""
     home = tmp_path / "home"
-    home.mkdir()
-    (home / "rerank-lab").symlink_to(REPO)
+    (home / "rerank-lab").mkdir(parents=True)
+    for entry in REPO.iterdir():
+        if entry.name not in (".venv", "cluster"):
+            (home / "rerank-lab" / entry.name).symlink_to(entry)
+    # a copy, not a link: its scripts find the .venv at cluster/.., which the kernel resolves from the real directory
+    shutil.copytree(REPO / "cluster", home / "rerank-lab" / "cluster")
+    (home / "rerank-lab" / ".venv").symlink_to(ENVIRONMENT)
     (home / ".bashrc").write_text("")
     yield home
     # stop the supervisors this test started (each stops its command): those run from this home's
@@ -118,7 +129,7 @@ def test_the_old_pgrep_guard_finds_its_own_wrapper_and_never_starts_mlflow(head_
 def test_a_supervised_service_starts_once_restarts_and_stops_through_rays_wrapper(head_home, tmp_path):
     # cluster/service.sh with a small HTTP server in MLflow's place (the MLflow test below is slow)
     port = free_port()
-    serve = f"{REPO / '.venv' / 'bin' / 'python'} -m http.server {port} --bind 127.0.0.1 --directory {tmp_path}"
+    serve = f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {tmp_path}"
     start = f"bash ~/rerank-lab/cluster/service.sh start web --ready-url http://127.0.0.1:{port}/ -- {serve}"
     first = as_ray_runs_it(start, head_home, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr

@@ -6,6 +6,7 @@ autoscaler reads that file again on every update and launches nothing beyond max
 import importlib.util
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_the_autoscaler_launches_nothing_for_a_guarded_config(guard, bootstrap_c
 def test_the_guard_runs_as_cluster_yaml_starts_it(tmp_path, bootstrap_config):
     log = tmp_path / "failures.log"
     log.write_text("\n".join(failure_line(time.time() - s) for s in (3, 2, 1)) + "\n")
-    command = [str(REPO / ".venv" / "bin" / "python"), str(REPO / "cluster" / "worker_guard.py"), "--failures", str(log),
+    command = [sys.executable, str(REPO / "cluster" / "worker_guard.py"), "--failures", str(log),
                "--config", str(bootstrap_config), "--once"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -11,13 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from workloads.core.errors import InputError
+
 DATA_DIR_ENV = "ORCHESTRATE_DATA_DIR"
 CACHE_DIR_ENV = "ORCHESTRATE_CACHE_DIR"
 
 
 def data_dir() -> Path | None:
     value = os.environ.get(DATA_DIR_ENV)
-    return Path(value).expanduser().resolve() if value else None
+    return _directory(DATA_DIR_ENV, Path(value).expanduser().resolve()) if value else None
 
 
 def cache_dir() -> Path:
@@ -25,7 +27,20 @@ def cache_dir() -> Path:
     what writes an entry creates its directory (a command that only reads writes nothing)."""
     value = os.environ.get(CACHE_DIR_ENV)
     path = Path(value).expanduser() if value else Path.cwd() / ".orchestrate" / "cache"
-    return path.resolve()
+    return _directory(CACHE_DIR_ENV, path.resolve())
+
+
+def _directory(variable: str, path: Path) -> Path:
+    """``path``, refused in one line when it or a parent is a file: every read and write below it
+    would otherwise fail with a NotADirectoryError traceback. (A missing path is fine: what writes
+    there creates it.)"""
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                where = "" if existing == path else f" ({existing} is a file)"
+                raise InputError(f"${variable}", f"{path} is not a directory{where}")
+            return path
+    return path
 
 
 def stable_key(*parts: object) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from workloads.core.errors import InputError
 from workloads.core.paths import stable_key
 from workloads.data.identity import local_directory
+from workloads.retrieval.mining import MINERS
 
 # A tag a kind's runs carry that the control plane reads (the report's table of selectors): on
 # a selector run and on the cells it serves, the data it was trained on, cell (the cell's N
@@ -108,6 +109,11 @@ def _no_first_stage(spec) -> list:
     return []
 
 
+def _model_of(spec) -> list[tuple[str, str]]:
+    model = getattr(spec, "model", None)
+    return [("model.name", model.name)] if model is not None else []
+
+
 @dataclass(frozen=True)
 class TrialKind:
     """A trial kind: every step of its lifecycle and everything the control plane asks of it.
@@ -157,6 +163,7 @@ class TrialKind:
     # --- h1-lifecycle's (one run_trial for every kind)
     title: str = "trial"                                        # how commands name one for people
     preflight: Callable[[Any], list[str]] = lambda spec: []     # what stops it before it computes (one line each)
+    models: Callable[[Any], list[tuple[str, str]]] = _model_of  # (field, name) of each model it loads: `prepare` fetches each
     configuration_problems: Callable[[Any], list[str]] = lambda spec: []  # what in its file can never run: one line each
     kept_in: Callable[[Any], Path] | None = None                # where its result is kept
     report: Callable | None = None                              # what `orchestrate run` prints for a trial it reports itself
@@ -237,6 +244,12 @@ def check_collections(problems: Problems, *references: str | None) -> None:
     for reference in dict.fromkeys(r for r in references if r):
         if local_directory(reference) is None:
             problems.check(require_known_dataset, reference)
+
+
+def check_mining(problems: Problems, mining) -> None:
+    """What would stop a ``training_data.mining`` miner (a missing checkpoint), as its method says."""
+    if mining is not None and mining.method in MINERS:
+        problems.check(MINERS[mining.method].preflight, mining)
 
 
 # ----------------------------------------------------------------------------- report

@@ -103,14 +103,15 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 MODEL_FILES = ("*.json", "*.txt", "*.model")
 
 
-def fetch_model(name: str) -> str | None:
+def fetch_model(name: str, field: str = "model.name") -> str | None:
     """Download a Hugging Face id's files into the Hugging Face cache ($HF_HOME), once, so the
     workers that train it find it there (on a cluster: the shared volume, before the GPU nodes
-    start). Returns the local directory, or None for a local path or alias (nothing to fetch)."""
+    start). Returns the local directory, or None for a local path or alias (nothing to fetch).
+    ``field``: the setting that names the model, for the message."""
     path = resolve_model_name(name)
     if Path(path).expanduser().exists():
         return None
-    require_model_available(name)
+    require_model_available(name, field=field)
 
     from huggingface_hub import list_repo_files, snapshot_download
 

@@ -210,6 +210,8 @@ class FirstStageMethod:
     requires: Callable[[Any], list] = lambda first_stage: []
     identity: Callable[[Any], str | None] = lambda first_stage: None
     check: Callable[[Any, str, str, str], None] = lambda first_stage, collection, split, where: None
+    # as check, for what the data here decides (read, not computed): the dry run lists it, prepare refuses it
+    preflight: Callable[[Any, str, str, str], None] = lambda first_stage, collection, split, where: None
     refuses: Callable[[Any], str | None] = lambda trial: None
 
 

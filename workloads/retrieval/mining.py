@@ -105,6 +105,8 @@ class MinerMethod:
     # what a reading trial's key holds in place of the file in ``run`` (a moved file is the same
     # trial, an edited one another); None: nothing
     identity: Callable[[Any], str | None] = lambda spec: None
+    # raises the InputError of what would stop its miner, found offline (the dry run lists it)
+    preflight: Callable[[Any], None] = lambda spec: None
 
 
 MINERS: dict[str, MinerMethod] = {}

@@ -137,8 +137,19 @@ def retrieve_dense(collection: Collection, queries: dict[str, str], k: int, sour
     run = search_store(store, query_ids, embedded, k, method, threshold)
     run = {qid: docs for qid, docs in run.items() if docs}
     write_trec_run(run, path, "dense")
-    get_logger("first-stage").info(f"dense ({method}) retrieved {k} of {store.rows:,} documents for {len(run):,} queries")
+    get_logger("first-stage").info(f"dense ({method}) {_found(run, k, store.rows)}")
     return path
+
+
+def _found(run: dict[str, dict], k: int, rows: int) -> str:
+    """What a dense search found, in words: the documents each query got (fewer than ``k`` when
+    the collection has fewer), not the depth that was asked."""
+    counts = [len(docs) for docs in run.values()]
+    if not counts:
+        return f"retrieved nothing from {rows:,} documents"
+    each = f"{min(counts):,}" if min(counts) == max(counts) else f"{min(counts):,}-{max(counts):,}"
+    asked = f" ({k:,} asked)" if max(counts) < k else ""
+    return f"retrieved {each} of {rows:,} documents per query{asked} for {len(run):,} queries"
 
 
 def dense(collection: Collection, split: str, queries: dict[str, str], k: int, fs) -> Path:
@@ -212,12 +223,22 @@ def _check(fs, collection: str, split: str, where: str) -> None:
         require_model_available(fs.model, f"{where}.model")
 
 
+def _hybrid_preflight(fs, collection: str, split: str, where: str) -> None:
+    """A weight to tune where there is nothing to tune it on (a zero-shot collection without a
+    train split), found by the dry run, not only by prepare."""
+    if _option(fs, "fusion", "rrf") == "interpolation" and getattr(fs, "fusion_weight", None) is None:
+        from workloads.data.resolve import resolve_collection
+
+        tuning_queries(resolve_collection(collection), split)
+
+
 _DENSE_FIELDS = {"run": "a dense trial file", "model": "an off-the-shelf encoder", "dense_index": "flat, hnsw or auto",
                  "hnsw_threshold": "documents above which auto searches HNSW"}
 DENSE_FIRST_STAGE = FirstStageMethod("dense", dense, "dense", fields=_DENSE_FIELDS, requires=dense_requires,
                                      identity=dense_identity, check=_check)
 HYBRID_FIRST_STAGE = FirstStageMethod(
     "hybrid", hybrid, "hybrid", searches_index=True, requires=dense_requires, identity=dense_identity, check=_check,
+    preflight=_hybrid_preflight,
     fields={**_DENSE_FIELDS, "k1": "BM25's k1", "b": "BM25's b", "index": "the BM25 index searched",
             "fusion": "rrf or interpolation", "fusion_weight": "the dense run's interpolation weight (None: tuned)",
             "rrf_k": "RRF's constant"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from workloads.kinds.dense.first_stage import DENSE_FIRST_STAGE, HYBRID_FIRST_STAGE
 from workloads.kinds.dense.grid import DENSE_GRID, dense_axes, searched_in
 from workloads.kinds.dense.mining import CROSS_ENCODER_MINER, DENSE_MINER
+from workloads.kinds.dense.preflight import dense_models, dense_preflight, prepare_checked
 from workloads.kinds.dense.spec import (
     COMPLETE_MARKER,
     SEARCHED_PARAMETERS,
@@ -19,7 +20,7 @@ from workloads.kinds.dense.spec import (
     dense_key,
     trained_dense,
 )
-from workloads.kinds.dense.steps import keep_dense, prepare_dense, test_dense
+from workloads.kinds.dense.steps import keep_dense, test_dense
 from workloads.kinds.dense.train import STATE_FILE, DenseInputs, train_dense
 from workloads.kinds.protocol import SearchedParameter, TrialKind
 
@@ -59,13 +60,13 @@ def cell_pairs(spec: DenseTrialSpec, sweep, judged_queries) -> tuple[int | None,
 
 
 KIND = TrialKind(
-    "dense", DenseTrialSpec, DenseInputs, requires=lambda spec: [], prepare=prepare_dense,
+    "dense", DenseTrialSpec, DenseInputs, requires=lambda spec: [], prepare=prepare_checked,
     worker_inputs=lambda prepared: prepared.inputs, train=train_dense, test=test_dense,
     epochs=lambda spec: spec.dense.epochs, finished=trained_dense, keep=keep_dense, key=dense_key,
     result_file=COMPLETE_MARKER, state_file=STATE_FILE, described_as="dense", run_kind="dense",
     searched=SEARCHED, searched_in=searched_in, axes=dense_axes, grid=DENSE_GRID, cell_pairs=cell_pairs,
     title="dense trial", kept_in=dense_dir, first_stages=(DENSE_FIRST_STAGE, HYBRID_FIRST_STAGE),
-    miners=(DENSE_MINER, CROSS_ENCODER_MINER),
+    miners=(DENSE_MINER, CROSS_ENCODER_MINER), preflight=dense_preflight, models=dense_models,
 )
 
 __all__ = ["CORPUS_DOCUMENTS", "KIND", "SEARCHED", "cell_pairs"]

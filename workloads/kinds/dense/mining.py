@@ -92,9 +92,13 @@ def _dense_miner(spec, collection, options: MiningOptions) -> DenseMiner:
 def _cross_encoder_miner(spec, collection, options: MiningOptions) -> CrossEncoderMiner:
     from workloads.kinds.dense.first_stage import model_files_identity  # noqa: PLC0415  (as above)
 
+    _cross_encoder_checkpoint(spec)
+    return CrossEncoderMiner(collection, str(Path(spec.model).expanduser()), model_files_identity(spec.model), options)
+
+
+def _cross_encoder_checkpoint(spec) -> None:
     if not spec.model or not Path(spec.model).expanduser().is_dir():
         raise InputError("training_data.mining.model", f"'{spec.model}': give a kept cross-encoder's checkpoint directory")
-    return CrossEncoderMiner(collection, str(Path(spec.model).expanduser()), model_files_identity(spec.model), options)
 
 
 def _dense_requires(spec) -> list:
@@ -122,7 +126,8 @@ def _dense_identity(spec) -> str | None:
 
 
 DENSE_MINER = MinerMethod("dense", build=_dense_miner, requires=_dense_requires, check=_dense_check, identity=_dense_identity)
-CROSS_ENCODER_MINER = MinerMethod("cross_encoder", build=_cross_encoder_miner, check=_cross_encoder_check)
+CROSS_ENCODER_MINER = MinerMethod("cross_encoder", build=_cross_encoder_miner, check=_cross_encoder_check,
+                                  preflight=_cross_encoder_checkpoint)
 
 __all__ = ["CROSS_ENCODER_MINER", "CrossEncoderMiner", "DENSE_MINER", "DenseMiner", "MiningOptions", "choose_negatives",
            "negative_pool"]

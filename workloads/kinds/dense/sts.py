@@ -51,16 +51,20 @@ def _score(value: str, path: Path, line: int) -> float:
 def read_sts(path: str | Path) -> STSPairs:
     """The sentence pairs and gold scores of an STS-B / SICK file (see the module doc)."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise InputError(path, "a directory, not an STS file (name the file of sentence pairs in it)")
     if not path.is_file():
         raise InputError(path, "no such STS file")
     try:
         with open(path, encoding="utf-8", newline="") as handle:
-            rows = [row for row in csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE) if row and any(row)]
+            reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+            # (physical line, row): blank lines are skipped, yet errors name the line an editor shows
+            numbered = [(reader.line_num, row) for row in reader if row and any(row)]
     except UnicodeDecodeError as exc:
         raise InputError(path, f"not UTF-8 text (byte offset {exc.start})") from None
-    if not rows:
+    if not numbered:
         raise InputError(path, "no sentence pairs")
-    header = [cell.strip().lower() for cell in rows[0]]
+    header = [cell.strip().lower() for cell in numbered[0][1]]
     columns, start = None, 0
     for names in HEADERS.values():
         if all(name in header for name in names[:2]):
@@ -68,7 +72,7 @@ def read_sts(path: str | Path) -> STSPairs:
                 raise InputError(path, f"the header has no '{names[2]}' column (a test file without scores?)")
             columns, start = tuple(header.index(name) for name in names), 1
     first, second, scores = [], [], []
-    for number, row in enumerate(rows[start:], start + 1):
+    for number, row in numbered[start:]:
         if columns is not None:
             if len(row) <= max(columns):
                 raise InputError(f"{path}:{number}", f"{len(row)} columns, the header names {len(header)}")

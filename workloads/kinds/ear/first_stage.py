@@ -7,6 +7,7 @@ an edited one another). Registered with the EAR kind (:data:`workloads.kinds.TRI
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from workloads.core.errors import InputError, RequirementNotTrained
@@ -65,7 +66,45 @@ def _refuses(trial) -> str | None:
     if trial.robustness:
         return ("robustness re-ranks each perturbed query's own candidates, and an EAR trial chose "
                 "expansions for the clean queries only: test robustness on a searching first stage")
+    return _trained_on_held_out(trial)
+
+
+def _trained_on_held_out(trial) -> str | None:
+    """A leak: the EAR trial trained on queries this trial tests or validates on (refused); an EAR
+    trial validated otherwise, without overlap, is one warning line."""
+    try:
+        ear = load_ear_trial(trial.first_stage.run).data
+    except InputError:  # an EAR trial file that cannot be read: the first stage's check says so
+        return None
+    data = trial.data
+    if not same_collection(data.collection, ear.collection):
+        return None  # (the first stage's check refuses other data)
+    if data.test_collection is None and data.test_split == ear.train_split:
+        return f"the EAR trial trained on {ear.train_split}, the split this trial tests on: a test must be held out"
+    if data.validation_split is None:  # carved from train_split, as the EAR trial's when it carves
+        trained_on_all = ear.validation_split is not None and ear.train_split == data.train_split
+        carved_otherwise = ear.validation_split is None and (ear.train_split, ear.validation_queries) != (
+            data.train_split, data.validation_queries)
+        if trained_on_all or carved_otherwise:
+            theirs = (f"validates on {ear.validation_split}" if ear.validation_split
+                      else f"carves {ear.validation_queries} validation queries from {ear.train_split}")
+            return (f"the EAR trial {theirs} and trained on the rest, and this trial carves {data.validation_queries} "
+                    f"from {data.train_split}: it would validate on queries the EAR first stage trained on (give both "
+                    "the same data.validation_queries)")
+        return None
+    if data.validation_split == ear.train_split:
+        return f"the EAR trial trained on {ear.train_split}, the split this trial validates on: validation must be held out"
+    if (ear.validation_split, ear.validation_cap) != (data.validation_split, data.validation_cap):
+        theirs = (f"{ear.validation_split}" + (f" capped at {ear.validation_cap}" if ear.validation_cap else "")
+                  if ear.validation_split else f"carved from {ear.train_split}")
+        _warn_once(f"EAR first stage {trial.first_stage.run} was validated on other queries than this trial's "
+                   f"({theirs}): its candidates are not chosen on this trial's validation")
     return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:  # a spec is validated again for every sampled variant of a cell
+    get_logger("first-stage").warning(message)
 
 
 EAR_FIRST_STAGE = FirstStageMethod(

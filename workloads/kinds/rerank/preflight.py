@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workloads.core.errors import InputError
-from workloads.kinds.protocol import Problems, check_collections
+from workloads.kinds.protocol import Problems, check_collections, check_mining
 from workloads.kinds.rerank.batching import rows_per_batch
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.models.cross_encoder import require_model_available
@@ -30,6 +30,9 @@ def preflight_trial(spec: TrialSpec) -> list[str]:
     for first_stage in (spec.first_stage, spec.data.test_first_stage):
         if first_stage is not None and first_stage.path and not Path(first_stage.path).expanduser().is_file():
             problems.add(f"{first_stage.path}: first_stage path: no such run file")
+    check_mining(problems, spec.training_data.mining)
+    for where, first_stage, collection, split in served_first_stages(spec):
+        problems.check(FIRST_STAGES[first_stage.method].preflight, first_stage, collection, split, where)
     # (a sweep's dry run lists the prebuilt index names it cannot search with its staging problems)
     for line in configuration_problems(spec, indexes=False):
         problems.add(line)
@@ -43,15 +46,8 @@ def configuration_problems(spec: TrialSpec, indexes: bool = True) -> list[str]:
     local collection, an EAR first stage over other data than the trial's), more batches per
     optimizer step than an epoch can have. One line each; ``run`` and ``prepare`` refuse the
     first. ``indexes``: check the prebuilt index names too."""
-    data = spec.data
-    test_collection = data.test_collection or data.collection
-    served = [("first_stage", spec.first_stage, data.collection, data.train_split)]
-    if data.validation_split:
-        served.append(("first_stage", spec.first_stage, data.collection, data.validation_split))
-    served.append(("data.test_first_stage", data.test_first_stage, test_collection, data.test_split) if data.test_first_stage
-                  else ("first_stage", spec.first_stage, test_collection, data.test_split))
     problems = Problems()
-    for where, first_stage, collection, split in served:
+    for where, first_stage, collection, split in served_first_stages(spec):
         method = FIRST_STAGES[first_stage.method]
         try:
             if method.searches_index and indexes:
@@ -63,6 +59,18 @@ def configuration_problems(spec: TrialSpec, indexes: bool = True) -> list[str]:
     if step:
         problems.add(step)
     return problems.list()
+
+
+def served_first_stages(spec: TrialSpec) -> list[tuple]:
+    """(where, first stage, collection, split) of every split the trial reads a first stage of."""
+    data = spec.data
+    test_collection = data.test_collection or data.collection
+    served = [("first_stage", spec.first_stage, data.collection, data.train_split)]
+    if data.validation_split:
+        served.append(("first_stage", spec.first_stage, data.collection, data.validation_split))
+    served.append(("data.test_first_stage", data.test_first_stage, test_collection, data.test_split) if data.test_first_stage
+                  else ("first_stage", spec.first_stage, test_collection, data.test_split))
+    return served
 
 
 def _step_problem(spec: TrialSpec) -> str | None:
