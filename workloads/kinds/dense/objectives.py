@@ -9,8 +9,14 @@ conditional replaced-token detection (RTD).
   (Not the registry's ``infonce``: that one contrasts re-ranking pairs with their augmented
   views, and its denominator runs over every other pair of the batch, anchors included:
   SimCLR's NT-Xent, another sum.)
-- :class:`ProjectionPooler`: the training-time MLP with BatchNorm on the embedding (the
-  authors' ``ProjectionMLP``); dropped at test time.
+- the training-time pooler (dropped at test time, ``dense.pooler``, :func:`pool_views`):
+  ``batchnorm_joint``, DiffCSE's MLP with BatchNorm (:class:`ProjectionPooler`, the authors'
+  ``ProjectionMLP``) fed as the authors feed it: every view of the batch (anchors, positives,
+  hard negatives) as one batch of ``batch x views`` rows, on the raw (un-normalised) pooled
+  embedding; ``batchnorm_per_view``, the same MLP run on each view separately (each its own
+  batch statistics) on the L2-normalised embedding ("SimCSE w/ BatchNorm" as this project ran
+  it before, kept for the thesis's ablation); ``linear_tanh``, vanilla SimCSE's ``MLPLayer``
+  (:class:`LinearTanhPooler`) on the raw embedding; ``none``.
 - RTD: a share (``masking_ratio``) of each text's tokens is masked, a frozen generator fills
   them (:mod:`workloads.kinds.dense.generator`), and a discriminator of the encoder's
   architecture predicts for every real token whether it was replaced (:func:`rtd_labels`; a
@@ -41,6 +47,10 @@ def in_batch_contrastive(anchors: torch.Tensor, positives: torch.Tensor, negativ
     return F.cross_entropy(logits, torch.arange(anchors.shape[0], device=anchors.device))
 
 
+POOLERS = ("batchnorm_joint", "batchnorm_per_view", "linear_tanh", "none")
+RAW_INPUT_POOLERS = ("batchnorm_joint", "linear_tanh")  # fed the un-normalised embedding, as the authors'
+
+
 class ProjectionPooler(nn.Module):
     """DiffCSE's pooler while training: Linear(H, 2H) - BatchNorm - ReLU - Linear(2H, H) -
     BatchNorm without affine parameters (the authors' ``ProjectionMLP``)."""
@@ -53,6 +63,38 @@ class ProjectionPooler(nn.Module):
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         return self.net(embeddings.float())
+
+
+class LinearTanhPooler(nn.Module):
+    """Vanilla SimCSE's pooler while training: Linear(H, H) then tanh (the authors' ``MLPLayer``)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(embeddings.float()))
+
+
+def build_pooler(name: str, hidden_size: int) -> nn.Module | None:
+    """The training-time pooler ``name`` of :data:`POOLERS` (None for ``none``)."""
+    if name not in POOLERS:
+        raise ValueError(f"unknown pooler '{name}' (choose from {', '.join(POOLERS)})")
+    if name == "none":
+        return None
+    return LinearTanhPooler(hidden_size) if name == "linear_tanh" else ProjectionPooler(hidden_size)
+
+
+def pool_views(pooler: nn.Module | None, joint: bool, views: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The pooler on each view ([rows, H] each; None passes through): ``joint``, every view's rows as one
+    batch (BatchNorm's statistics over all of them, as DiffCSE's ``cl_forward``), else view by view."""
+    if pooler is None:
+        return list(views)
+    if not joint:
+        return [None if v is None else pooler(v) for v in views]
+    present = [v for v in views if v is not None]
+    pooled = iter(pooler(torch.cat(present)).split([v.shape[0] for v in present]))
+    return [None if v is None else next(pooled) for v in views]
 
 
 def maskable(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: list[int]) -> torch.Tensor:

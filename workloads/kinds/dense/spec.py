@@ -28,6 +28,10 @@ MODEL_DIR = "model"                    # the kept encoder (BiEncoder.save), insi
 OBJECTIVES = ("contrastive", "diffcse")
 NEGATIVES = ("bm25", "in_batch")
 FREQUENCY_GENERATOR = "frequency"
+POOLERS = ("batchnorm_joint", "batchnorm_per_view", "linear_tanh", "none")  # objectives.POOLERS (no torch import here)
+# DiffCSE's pooler as its authors feed it for diffcse; contrastive trials keep the pooler they had (and their keys)
+DEFAULT_POOLERS = {"diffcse": "batchnorm_joint", "contrastive": "batchnorm_per_view"}
+FORMER_PER_VIEW_NAME = "mlp"  # batchnorm_per_view's name before issue 57: still read, and what the key writes for it
 
 # The searched parameters, declared once (as the losses' are): the DenseSpec fields below are
 # made from them, and a sweep's search space reads them (searchable: True).
@@ -86,9 +90,13 @@ class DenseSpec(_Strict):
         default=FREQUENCY_GENERATOR, description="diffcse: who fills the masked tokens. 'frequency': a token drawn from the "
                                                  "training texts' token frequencies (offline; an ablation of an MLM); else a "
                                                  "masked-LM id or path (distilbert-base-uncased, the thesis's), frozen, argmax")
-    pooler: Literal["mlp", "none"] = Field(
-        default="mlp", description="mlp: DiffCSE's two-layer MLP with BatchNorm on the embedding while training (dropped "
-                                   "at test); none: the embedding itself")
+    pooler: Literal[POOLERS] = Field(  # type: ignore[valid-type]
+        default="batchnorm_per_view",
+        description="the training-time pooler, dropped at test: batchnorm_joint (DiffCSE's MLP with BatchNorm over every "
+                    "view of the batch as one batch, on the raw embedding: the authors'; the default with objective "
+                    "diffcse), batchnorm_per_view (the same MLP on each view separately, on the normalised embedding: "
+                    "'SimCSE w/ BatchNorm' as run before; the default otherwise; 'mlp' is its former name), "
+                    "linear_tanh (vanilla SimCSE's Linear + tanh on the raw embedding), none")
     epochs: int = Field(default=1, ge=1)
     batch_size: int = Field(default=32, ge=2, description="rows (query or sentence) per step: the in-batch negatives")
     weight_decay: float = Field(default=0.01, ge=0)
@@ -97,6 +105,20 @@ class DenseSpec(_Strict):
     patience: int | None = Field(default=None, ge=1, description="epochs without a better validation nDCG@10 before stopping")
     eval_batch_size: int = Field(default=64, ge=1)
     sentences_per_document: int = Field(default=3, ge=1, description="unsupervised: sentences taken from each drawn document")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pooler_of_the_objective(cls, data):
+        """An unset pooler is the objective's (:data:`DEFAULT_POOLERS`); ``mlp`` is ``batchnorm_per_view``'s former name."""
+        if isinstance(data, dict):
+            pooler = data.get("pooler")
+            if pooler is None:
+                objective = data.get("objective", "contrastive")
+                data = {**data, "pooler": DEFAULT_POOLERS.get(objective, "batchnorm_per_view") if isinstance(objective, str)
+                        else "batchnorm_per_view"}
+            elif pooler == FORMER_PER_VIEW_NAME:
+                data = {**data, "pooler": "batchnorm_per_view"}
+        return data
 
     @model_validator(mode="after")
     def _coherent(self) -> DenseSpec:
@@ -145,7 +167,11 @@ class DenseTrialSpec(_Strict):
 
 def dense_key(spec: DenseTrialSpec) -> str:
     """What changes the kept encoder: everything but the name, the resources and the scoring batch."""
-    payload = spec.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size"}})
+    keyed = spec
+    if spec.dense.pooler == "batchnorm_per_view":  # under its former name: trials that train as before keep their keys
+        keyed = spec.model_copy(update={"dense": spec.dense.model_copy(update={"pooler": FORMER_PER_VIEW_NAME})})
+    payload = keyed.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size"}},
+                                    warnings=False)
     return stable_key(KIND, payload)
 
 

@@ -4,7 +4,8 @@
 Each step: ``batch_size`` rows; the anchors (queries, or sentences) through the query tower,
 the positives (their judged documents, or the same sentences under another dropout mask) and,
 with ``negatives: bm25``, the hard negatives through the document tower; the training-time
-pooler on every embedding; :func:`~workloads.kinds.dense.objectives.in_batch_contrastive`;
+pooler (``dense.pooler``: by default for diffcse one BatchNorm batch over all of them, on the
+raw embedding, as the authors); :func:`~workloads.kinds.dense.objectives.in_batch_contrastive`;
 with ``objective: diffcse``, plus ``rtd_lambda`` x the conditional RTD loss of the anchors and
 the positives, each conditioned on its own embedding. AdamW, linear warm-up and decay,
 clipping. After each epoch the encoder re-scores the validation candidates (cosine, the
@@ -29,9 +30,11 @@ from workloads.evaluation import RETRIEVAL_MEASURES, evaluate, validation_values
 from workloads.kinds.dense.encoder import BiEncoder
 from workloads.kinds.dense.generator import build_generator
 from workloads.kinds.dense.objectives import (
+    RAW_INPUT_POOLERS,
     ConditionalDiscriminator,
-    ProjectionPooler,
+    build_pooler,
     in_batch_contrastive,
+    pool_views,
     replaced_token_detection,
 )
 from workloads.kinds.dense.spec import MODEL_DIR, DenseSpec, DenseTrialSpec
@@ -87,7 +90,7 @@ class DenseObjective(torch.nn.Module):
     """The bi-encoder, its training-time pooler and (diffcse) the discriminator, with the loss,
     as one module (what data-parallel training wraps). The generator is frozen and not a part."""
 
-    def __init__(self, encoder: BiEncoder, settings: DenseSpec, pooler: ProjectionPooler | None = None,
+    def __init__(self, encoder: BiEncoder, settings: DenseSpec, pooler: torch.nn.Module | None = None,
                  discriminator: ConditionalDiscriminator | None = None, generator=None,
                  amp_dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -96,16 +99,18 @@ class DenseObjective(torch.nn.Module):
         self.special_ids = sorted(set(encoder.tokenizer.all_special_ids))
         self.loss_fn = _Parts()
 
-    def embed(self, inputs: dict[str, torch.Tensor], side: str) -> torch.Tensor:
-        embeddings = self.encoder(side, **inputs).float()
-        return self.pooler(embeddings) if self.pooler is not None else embeddings
+    def embed(self, batch: DenseBatch) -> list[torch.Tensor | None]:
+        """The anchors', positives' and negatives' embeddings through the training-time pooler (``dense.pooler``)."""
+        raw = self.pooler is not None and self.settings.pooler in RAW_INPUT_POOLERS
+        views = [None if inputs is None else self.encoder(side, raw=raw, **inputs).float()
+                 for inputs, side in ((batch.anchors, batch.anchor_side), (batch.positives, "document"),
+                                      (batch.negatives, "document"))]
+        return pool_views(self.pooler, self.settings.pooler == "batchnorm_joint", views)
 
     def forward(self, batch: DenseBatch, structure=None) -> torch.Tensor:
         device_type = next(self.encoder.parameters()).device.type
         with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            anchors = self.embed(batch.anchors, batch.anchor_side)
-            positives = self.embed(batch.positives, "document")
-            negatives = self.embed(batch.negatives, "document") if batch.negatives is not None else None
+            anchors, positives, negatives = self.embed(batch)
             contrastive = in_batch_contrastive(anchors, positives, negatives, self.settings.temperature)
             parts = {"contrastive": contrastive.detach()}
             loss = contrastive
@@ -156,7 +161,7 @@ class DenseEpochs:
         seed_everything(spec.seed)
         self.rows = training_rows(inputs)
         encoder = load_encoder(str(Path(resume_from) / MODEL_DIR) if resume_from is not None else spec.model.name, spec)
-        pooler = ProjectionPooler(encoder.hidden_size) if dense.pooler == "mlp" else None
+        pooler = build_pooler(dense.pooler, encoder.hidden_size)
         discriminator = generator = None
         if dense.objective == "diffcse":
             # D starts from the encoder's starting weights (the authors' discriminator is the pretrained BERT too)
