@@ -4,18 +4,25 @@ every padded position, and the conditioning reaching the encoder through DenseOb
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
 
 from workloads.kinds.dense.encoder import BiEncoder
+from workloads.kinds.dense.generator import MaskedLMGenerator, mlm_input
 from workloads.kinds.dense.objectives import (
+    ConditionalDiscriminator,
     LinearTanhPooler,
     ProjectionPooler,
     build_pooler,
+    draw_mask,
+    maskable,
     pool_views,
+    replaced_token_detection,
+    rtd_labels,
 )
 from workloads.kinds.dense.spec import DenseSpec, DenseTrialSpec, dense_key
 from workloads.kinds.dense.train import DenseBatch, DenseObjective
@@ -110,3 +117,79 @@ def test_the_pooler_defaults_per_objective_and_only_diffcse_keys_move():
     diffcse_before = {"62d4fc96518f20d5", "8ea390ffee70aa7e"}
     for dense in ({"objective": "diffcse"},):
         assert dense_key(DenseTrialSpec.model_validate({**BASE, "dense": dense})) not in diffcse_before
+
+
+# ----------------------------------------------------------------------------- the masked-LM generator
+class _PeakedMLM(nn.Module):
+    """A stand-in masked LM whose argmax at every position is (its input token + shift) mod V."""
+
+    def __init__(self, vocab_size: int, shift: int) -> None:
+        super().__init__()
+        self.config, self.shift = SimpleNamespace(vocab_size=vocab_size), shift
+
+    def forward(self, input_ids, attention_mask):
+        return SimpleNamespace(logits=nn.functional.one_hot((input_ids + self.shift) % self.config.vocab_size,
+                                                            self.config.vocab_size).float())
+
+
+def test_the_generator_input_is_80_percent_mask_10_random_10_kept():
+    ids = torch.full((200, 500), 7)
+    masked = torch.rand(ids.shape, generator=torch.Generator().manual_seed(0)) < 0.3
+    out = mlm_input(ids, masked, mask_token_id=103, vocab_size=30522, draws=torch.Generator().manual_seed(1))
+    assert torch.equal(out[~masked], ids[~masked])  # only drawn positions change
+    drawn = out[masked]
+    shares = [(drawn == 103).float().mean().item(), ((drawn != 103) & (drawn != 7)).float().mean().item(),
+              (drawn == 7).float().mean().item()]
+    assert shares == pytest.approx([0.8, 0.1, 0.1], abs=0.01)  # 30,000 drawn positions
+
+
+def test_the_generators_argmax_is_taken_at_every_real_position_but_the_first():
+    ids = torch.tensor([[101, 5, 6, 7, 8, 102, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    nothing_masked = torch.zeros_like(ids, dtype=torch.bool)
+    shifting = MaskedLMGenerator(_PeakedMLM(200, shift=1), mask_token_id=103)
+    corrupted = shifting.fill(ids, attention, nothing_masked, torch.Generator().manual_seed(0))
+    # unmasked tokens and [SEP] are re-predicted too (the authors' argmax over the whole text); [CLS] and padding kept
+    assert corrupted.tolist() == [[101, 6, 7, 8, 9, 103, 0]]
+    assert rtd_labels(ids, corrupted, attention).tolist() == [[0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]]
+
+
+def test_a_token_the_generator_reproduces_is_not_replaced_through_rtd(tiny):
+    encoder, tokenizer, config = tiny
+    inputs = encoder.tokenize([" ".join(["protein receptor binding"] * 20)] * 4, "document")
+    special = sorted(set(tokenizer.all_special_ids))
+    copying = MaskedLMGenerator(_PeakedMLM(config.vocab_size, shift=0), tokenizer.mask_token_id)
+    discriminator = ConditionalDiscriminator(BertModel(config, add_pooling_layer=False))
+    condition = torch.zeros(4, config.hidden_size)
+    outcome = replaced_token_detection(discriminator, copying, inputs, condition, 0.5, special, torch.Generator().manual_seed(2))
+    # by hand, replaying the step's draws: the mask, then the 80/10/10 split; the copying MLM returns its input
+    draws = torch.Generator().manual_seed(2)
+    masked = draw_mask(maskable(inputs["input_ids"], inputs["attention_mask"], special), 0.5, draws)
+    shown = mlm_input(inputs["input_ids"], masked, tokenizer.mask_token_id, config.vocab_size, draws)
+    real = inputs["attention_mask"].bool()
+    changed = (shown != inputs["input_ids"]) & real
+    assert outcome.replaced.item() == pytest.approx(changed.sum().item() / real.sum().item(), abs=1e-6)
+    kept = masked & ~changed
+    assert kept.sum() > 0 and outcome.replaced.item() < masked.sum().item() / real.sum().item()  # the kept 10% are original
+
+
+def test_a_tiny_masked_lm_fills_as_the_authors_generator():
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=32)
+    model = BertForMaskedLM(config)
+    generator = MaskedLMGenerator(model, mask_token_id=4)
+    assert not model.training and not any(p.requires_grad for p in model.parameters())  # frozen
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14, 3], [2, 20, 21, 22, 3, 0, 0]])
+    attention = (ids != 0).long()
+    masked = torch.tensor([[0, 1, 0, 1, 1, 0, 0], [0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    corrupted = generator.fill(ids, attention, masked, torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        shown = mlm_input(ids, masked, 4, 50, torch.Generator().manual_seed(5))
+        argmax = model(input_ids=shown, attention_mask=attention).logits.argmax(-1)
+    expected = torch.where(attention.bool(), argmax, ids)
+    expected[:, 0] = ids[:, 0]
+    assert torch.equal(corrupted, expected)
+    labels = rtd_labels(ids, corrupted, attention)
+    assert labels[:, 0].sum() == 0 and labels[1, 5:].sum() == 0  # [CLS] and padding never replaced
+    assert (labels.bool() & ~masked & attention.bool()).any()  # a random MLM changes unmasked tokens too
