@@ -24,8 +24,10 @@ conditional replaced-token detection (RTD).
   embedding** h: as in the authors' code (voidism/DiffCSE, ``cls_input``), h replaces the
   output of the discriminator's embedding layer at the first position, so L_RTD's gradient
   reaches the encoder through h (:class:`ConditionalDiscriminator`). :func:`rtd_loss` is the
-  mean binary cross entropy over real tokens (the authors' code averages too; the
-  lambda values reported, 0.005 and so on, were tuned with that mean).
+  binary cross entropy averaged as ``dense.rtd_average`` says: ``padded`` (the default) over
+  every position of the padded batch, padding labelled 0, as the authors' ``CrossEntropyLoss``
+  over ``replaced`` does; ``real_tokens`` over real tokens only, which weighs RTD more by about
+  1 / (1 - padding share).
 """
 
 from __future__ import annotations
@@ -115,8 +117,22 @@ def rtd_labels(original: torch.Tensor, corrupted: torch.Tensor, attention_mask: 
     return ((corrupted != original) & attention_mask.bool()).float()
 
 
-def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Binary cross entropy of the discriminator's logits [B, T] against ``labels``, mean over real tokens."""
+RTD_AVERAGES = ("padded", "real_tokens")
+
+
+def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor,
+             average: str = "padded") -> torch.Tensor:
+    """Binary cross entropy of the discriminator's logits [B, T] against ``labels``.
+
+    ``padded``: the mean over all B x T positions, padding labelled 0 (``labels`` are 0 there),
+    as the authors' ``CrossEntropyLoss`` over the padded batch: with it, the thesis's lambda
+    (0.005 for STS) is lambda as reported. ``real_tokens``: the mean over real tokens only; the
+    same weight then takes lambda x (1 - padding share), e.g. 0.0035 for 0.005 at 30% padding.
+    """
+    if average == "padded":
+        return F.binary_cross_entropy_with_logits(logits.float(), labels * attention_mask.to(labels.dtype))
+    if average != "real_tokens":
+        raise ValueError(f"unknown RTD average '{average}' (choose from {', '.join(RTD_AVERAGES)})")
     real = attention_mask.bool()
     return F.binary_cross_entropy_with_logits(logits.float()[real], labels[real])
 
@@ -159,7 +175,7 @@ class RTDOutcome:
 
 def replaced_token_detection(discriminator: ConditionalDiscriminator, generator, inputs: dict[str, torch.Tensor],
                              condition: torch.Tensor, ratio: float, special_ids: list[int],
-                             draws: torch.Generator | None = None) -> RTDOutcome:
+                             draws: torch.Generator | None = None, average: str = "padded") -> RTDOutcome:
     """L_RTD of one tokenized batch conditioned on its embeddings ``condition`` [B, H]."""
     input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
     masked = draw_mask(maskable(input_ids, attention_mask, special_ids), ratio, draws)
@@ -170,8 +186,9 @@ def replaced_token_detection(discriminator: ConditionalDiscriminator, generator,
     real = attention_mask.bool()
     with torch.no_grad():
         accuracy = ((logits[real] > 0).float() == labels[real]).float().mean()
-    return RTDOutcome(rtd_loss(logits, labels, attention_mask), labels[real].mean(), accuracy)
+    return RTDOutcome(rtd_loss(logits, labels, attention_mask, average), labels[real].mean(), accuracy)
 
 
-__all__ = ["ConditionalDiscriminator", "ProjectionPooler", "RTDOutcome", "draw_mask", "in_batch_contrastive", "maskable",
+__all__ = ["POOLERS", "RAW_INPUT_POOLERS", "RTD_AVERAGES", "ConditionalDiscriminator", "LinearTanhPooler",
+           "ProjectionPooler", "RTDOutcome", "build_pooler", "pool_views", "draw_mask", "in_batch_contrastive", "maskable",
            "replaced_token_detection", "rtd_labels", "rtd_loss"]

@@ -31,6 +31,7 @@ FREQUENCY_GENERATOR = "frequency"
 POOLERS = ("batchnorm_joint", "batchnorm_per_view", "linear_tanh", "none")  # objectives.POOLERS (no torch import here)
 # DiffCSE's pooler as its authors feed it for diffcse; contrastive trials keep the pooler they had (and their keys)
 DEFAULT_POOLERS = {"diffcse": "batchnorm_joint", "contrastive": "batchnorm_per_view"}
+LATER_FIELDS = ("rtd_average",)  # DenseSpec fields added after the first keys (keyed by dense_key apart)
 FORMER_PER_VIEW_NAME = "mlp"  # batchnorm_per_view's name before issue 57: still read, and what the key writes for it
 
 # The searched parameters, declared once (as the losses' are): the DenseSpec fields below are
@@ -97,6 +98,11 @@ class DenseSpec(_Strict):
                     "diffcse), batchnorm_per_view (the same MLP on each view separately, on the normalised embedding: "
                     "'SimCSE w/ BatchNorm' as run before; the default otherwise; 'mlp' is its former name), "
                     "linear_tanh (vanilla SimCSE's Linear + tanh on the raw embedding), none")
+    rtd_average: Literal["padded", "real_tokens"] = Field(
+        default="padded", description="diffcse: the RTD cross entropy's mean: padded, over every position of the padded "
+                                      "batch, padding labelled 0 (the authors'; lambda as the thesis reports it); "
+                                      "real_tokens, over real tokens only (the same weight takes lambda x (1 - padding "
+                                      "share))")
     epochs: int = Field(default=1, ge=1)
     batch_size: int = Field(default=32, ge=2, description="rows (query or sentence) per step: the in-batch negatives")
     weight_decay: float = Field(default=0.01, ge=0)
@@ -124,7 +130,7 @@ class DenseSpec(_Strict):
     def _coherent(self) -> DenseSpec:
         if self.objective != "diffcse":  # compared with the defaults, not the fields given: a dumped spec validates again
             fields = type(self).model_fields
-            changed = [f for f in (*RTD_PARAMETERS, "generator") if getattr(self, f) != fields[f].default]
+            changed = [f for f in (*RTD_PARAMETERS, "generator", "rtd_average") if getattr(self, f) != fields[f].default]
             if changed:
                 raise ValueError(f"{', '.join(changed)}: read by objective diffcse only (objective is {self.objective})")
         if self.unsupervised and self.negatives == "bm25":
@@ -170,9 +176,11 @@ def dense_key(spec: DenseTrialSpec) -> str:
     keyed = spec
     if spec.dense.pooler == "batchnorm_per_view":  # under its former name: trials that train as before keep their keys
         keyed = spec.model_copy(update={"dense": spec.dense.model_copy(update={"pooler": FORMER_PER_VIEW_NAME})})
-    payload = keyed.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size"}},
+    # fields added after the first keys are keyed apart, and only where they are read: the others keep theirs
+    payload = keyed.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size", *LATER_FIELDS}},
                                     warnings=False)
-    return stable_key(KIND, payload)
+    later = [f"rtd_average={spec.dense.rtd_average}"] if spec.dense.objective == "diffcse" else []
+    return stable_key(KIND, payload, *later)
 
 
 def dense_dir(spec: DenseTrialSpec) -> Path:

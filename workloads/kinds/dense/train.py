@@ -116,7 +116,8 @@ class DenseObjective(torch.nn.Module):
             loss = contrastive
             if self.discriminator is not None:
                 outcomes = [replaced_token_detection(self.discriminator, self.generator, inputs, condition,
-                                                     self.settings.masking_ratio, self.special_ids, batch.draws)
+                                                     self.settings.masking_ratio, self.special_ids, batch.draws,
+                                                     self.settings.rtd_average)
                             for inputs, condition in ((batch.anchors, anchors), (batch.positives, positives))]
                 rtd = sum(o.loss for o in outcomes) / len(outcomes)
                 loss = loss + self.settings.rtd_lambda * rtd

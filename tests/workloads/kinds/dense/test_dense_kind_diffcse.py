@@ -113,9 +113,11 @@ def test_the_pooler_defaults_per_objective_and_only_diffcse_keys_move():
               '{"unsupervised": true}': "4bc0ba2dc9607988", '{"pooler": "mlp"}': "cafd780e163f13bc"}
     for dense, key in golden.items():
         assert dense_key(DenseTrialSpec.model_validate({**BASE, "dense": json.loads(dense)})) == key, dense
+    with pytest.raises(ValueError, match="rtd_average: read by objective diffcse only"):
+        DenseSpec(rtd_average="real_tokens")
     # diffcse trials moved on purpose (the pooler's feeding, RTD's averaging, the MLM generator path)
     diffcse_before = {"62d4fc96518f20d5", "8ea390ffee70aa7e"}
-    for dense in ({"objective": "diffcse"},):
+    for dense in ({"objective": "diffcse"}, {"objective": "diffcse", "pooler": "none"}):
         assert dense_key(DenseTrialSpec.model_validate({**BASE, "dense": dense})) not in diffcse_before
 
 
@@ -193,3 +195,42 @@ def test_a_tiny_masked_lm_fills_as_the_authors_generator():
     labels = rtd_labels(ids, corrupted, attention)
     assert labels[:, 0].sum() == 0 and labels[1, 5:].sum() == 0  # [CLS] and padding never replaced
     assert (labels.bool() & ~masked & attention.bool()).any()  # a random MLM changes unmasked tokens too
+
+
+# ----------------------------------------------------------------------------- RTD through DenseObjective
+def _encoder_gradient(encoder, config, rtd_lambda, pooler="batchnorm_joint"):
+    torch.manual_seed(3)
+    discriminator = ConditionalDiscriminator(BertModel(config, add_pooling_layer=False))
+    generator = MaskedLMGenerator(_PeakedMLM(config.vocab_size, shift=1), encoder.tokenizer.mask_token_id)
+    objective = DenseObjective(encoder, DenseSpec(objective="diffcse", rtd_lambda=rtd_lambda, pooler=pooler),
+                               build_pooler(pooler, encoder.hidden_size), discriminator, generator)
+    encoder.zero_grad(set_to_none=True)
+    objective(_batch(encoder)).backward()
+    return torch.cat([p.grad.flatten() for p in encoder.parameters() if p.grad is not None])
+
+
+def test_the_rtd_loss_of_dense_objective_trains_the_encoder_through_h(tiny):
+    encoder, _, config = tiny
+    contrastive_only = _encoder_gradient(encoder, config, 0.0)
+    with_rtd = _encoder_gradient(encoder, config, 1.0)
+    # the discriminator is its own copy and the generator's tokens carry no gradient: only h links RTD to the encoder
+    assert (with_rtd - contrastive_only).abs().max() > 1e-6
+
+
+def test_rtd_in_dense_objective_averages_as_set(tiny):
+    encoder, _, config = tiny
+    texts = ["a", "a much longer text about proteins binding receptors in the cell"]  # one row mostly padding
+    batch = DenseBatch(encoder.tokenize(texts, "query"), encoder.tokenize(texts, "document"), None, "query",
+                       torch.Generator().manual_seed(0))
+    parts = {}
+    for average in ("padded", "real_tokens"):
+        torch.manual_seed(3)
+        discriminator = ConditionalDiscriminator(BertModel(config, add_pooling_layer=False))
+        generator = MaskedLMGenerator(_PeakedMLM(config.vocab_size, shift=1), encoder.tokenizer.mask_token_id)
+        objective = DenseObjective(encoder, DenseSpec(objective="diffcse", rtd_average=average), None, discriminator,
+                                   generator).eval()
+        batch.draws.manual_seed(0)
+        objective(batch)
+        parts[average] = objective.loss_fn.last_parts["rtd"].item()
+    # the shift MLM replaces every real token but [CLS]: the two means weigh them differently
+    assert parts["padded"] != pytest.approx(parts["real_tokens"], rel=1e-3)
