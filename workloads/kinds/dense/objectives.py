@@ -3,6 +3,8 @@ conditional replaced-token detection (RTD).
 
 ``L = L_contrast + rtd_lambda * L_RTD`` (DiffCSE, chapter 2 of Chuang's thesis):
 
+- :func:`gathered`: with several data-parallel workers, every worker's embeddings join the
+  in-batch negatives (``dense.gather``, as SimCSE and DiffCSE gather them).
 - :func:`in_batch_contrastive`: row i's anchor (a query, or a sentence) against every row's
   positive and every hard negative of the batch, cosine similarity over a temperature, cross
   entropy on the anchor's own positive: SimCSE's loss, and DPR's with hard negatives.
@@ -35,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -97,6 +100,30 @@ def pool_views(pooler: nn.Module | None, joint: bool, views: list[torch.Tensor |
     present = [v for v in views if v is not None]
     pooled = iter(pooler(torch.cat(present)).split([v.shape[0] for v in present]))
     return [None if v is None else next(pooled) for v in views]
+
+
+def gathered(rows: torch.Tensor) -> torch.Tensor:
+    """Every data-parallel worker's ``rows`` [n_r, H], in rank order, this worker's with their gradient.
+
+    SimCSE's and DiffCSE's ``cl_forward`` under ``dist.is_initialized()``: ``all_gather`` returns
+    copies without gradient, so the local shard is put back; each worker's loss is then the
+    whole batch's, and the gradient reaching each worker's shard is that loss's. DDP averages
+    the workers' gradients, so the step's gradient is 1 / world size of one process's over the
+    whole batch (the authors' scale; AdamW is nearly invariant to it). Shards of unequal row
+    counts (hard negatives a row lacks) are padded for the gather and cut back.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    count = torch.tensor([rows.shape[0]], device=rows.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    longest = int(max(counts).item())
+    padded = rows.detach().new_zeros((longest, *rows.shape[1:]))
+    padded[:rows.shape[0]] = rows.detach()
+    shards = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(shards, padded.contiguous())
+    shards = [shard[:int(n.item())] for shard, n in zip(shards, counts)]
+    shards[rank] = rows
+    return torch.cat(shards)
 
 
 def maskable(input_ids: torch.Tensor, attention_mask: torch.Tensor, special_ids: list[int]) -> torch.Tensor:
@@ -190,5 +217,5 @@ def replaced_token_detection(discriminator: ConditionalDiscriminator, generator,
 
 
 __all__ = ["POOLERS", "RAW_INPUT_POOLERS", "RTD_AVERAGES", "ConditionalDiscriminator", "LinearTanhPooler",
-           "ProjectionPooler", "RTDOutcome", "build_pooler", "pool_views", "draw_mask", "in_batch_contrastive", "maskable",
+           "ProjectionPooler", "RTDOutcome", "build_pooler", "gathered", "pool_views", "draw_mask", "in_batch_contrastive", "maskable",
            "replaced_token_detection", "rtd_labels", "rtd_loss"]

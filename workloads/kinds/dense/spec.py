@@ -31,7 +31,7 @@ FREQUENCY_GENERATOR = "frequency"
 POOLERS = ("batchnorm_joint", "batchnorm_per_view", "linear_tanh", "none")  # objectives.POOLERS (no torch import here)
 # DiffCSE's pooler as its authors feed it for diffcse; contrastive trials keep the pooler they had (and their keys)
 DEFAULT_POOLERS = {"diffcse": "batchnorm_joint", "contrastive": "batchnorm_per_view"}
-LATER_FIELDS = ("rtd_average",)  # DenseSpec fields added after the first keys (keyed by dense_key apart)
+LATER_FIELDS = ("rtd_average", "gather")  # DenseSpec fields added after the first keys (keyed by dense_key apart)
 FORMER_PER_VIEW_NAME = "mlp"  # batchnorm_per_view's name before issue 57: still read, and what the key writes for it
 
 # The searched parameters, declared once (as the losses' are): the DenseSpec fields below are
@@ -103,6 +103,9 @@ class DenseSpec(_Strict):
                                       "batch, padding labelled 0 (the authors'; lambda as the thesis reports it); "
                                       "real_tokens, over real tokens only (the same weight takes lambda x (1 - padding "
                                       "share))")
+    gather: bool = Field(default=True, description="with more than one worker (resources.workers), every worker's "
+                                                    "embeddings join the in-batch negatives (SimCSE's all-gather, with "
+                                                    "gradients for the local shard); false: each worker's own only")
     epochs: int = Field(default=1, ge=1)
     batch_size: int = Field(default=32, ge=2, description="rows (query or sentence) per step: the in-batch negatives")
     weight_decay: float = Field(default=0.01, ge=0)
@@ -180,6 +183,8 @@ def dense_key(spec: DenseTrialSpec) -> str:
     payload = keyed.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size", *LATER_FIELDS}},
                                     warnings=False)
     later = [f"rtd_average={spec.dense.rtd_average}"] if spec.dense.objective == "diffcse" else []
+    if spec.resources.workers > 1 and spec.dense.gather:  # one worker: nothing to gather
+        later.append("gather")
     return stable_key(KIND, payload, *later)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
 from workloads.core.logs import get_logger, progress_bar
@@ -33,6 +34,7 @@ from workloads.kinds.dense.objectives import (
     RAW_INPUT_POOLERS,
     ConditionalDiscriminator,
     build_pooler,
+    gathered,
     in_batch_contrastive,
     pool_views,
     replaced_token_detection,
@@ -107,11 +109,22 @@ class DenseObjective(torch.nn.Module):
                                       (batch.negatives, "document"))]
         return pool_views(self.pooler, self.settings.pooler == "batchnorm_joint", views)
 
+    def in_batch(self, anchors: torch.Tensor, positives: torch.Tensor,
+                 negatives: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The contrastive loss's rows: with ``dense.gather`` while training under more than one worker,
+        every worker's (:func:`gathered`), so the in-batch negatives are the global batch's."""
+        if not (self.settings.gather and self.training and dist.is_available() and dist.is_initialized()
+                and dist.get_world_size() > 1):
+            return anchors, positives, negatives
+        # every worker takes part in each gather, with or without hard negatives of its own
+        negatives = gathered(negatives if negatives is not None else anchors.new_zeros((0, anchors.shape[1])))
+        return gathered(anchors), gathered(positives), negatives if negatives.shape[0] else None
+
     def forward(self, batch: DenseBatch, structure=None) -> torch.Tensor:
         device_type = next(self.encoder.parameters()).device.type
         with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             anchors, positives, negatives = self.embed(batch)
-            contrastive = in_batch_contrastive(anchors, positives, negatives, self.settings.temperature)
+            contrastive = in_batch_contrastive(*self.in_batch(anchors, positives, negatives), self.settings.temperature)
             parts = {"contrastive": contrastive.detach()}
             loss = contrastive
             if self.discriminator is not None:
