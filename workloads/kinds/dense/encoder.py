@@ -52,6 +52,15 @@ def _sentence_transformers_head(path: Path) -> tuple[str | None, bool | None]:
     return pooling, any(entry.get("type", "").endswith("Normalize") for entry in entries)
 
 
+def declared_normalization(name: str) -> bool:
+    """Whether the encoder at ``name`` (alias, path) normalises its embeddings by its own declaration:
+    one of our checkpoints' settings, or a sentence-transformers ``Normalize`` module."""
+    path = Path(resolve_model_name(name)).expanduser()
+    if (path / META_FILE).is_file():
+        return bool(json.loads((path / META_FILE).read_text())["normalize"])
+    return bool(_sentence_transformers_head(path)[1])
+
+
 def _load_encoder(path: str, name: str) -> nn.Module:
     try:
         config = AutoConfig.from_pretrained(path)
@@ -220,4 +229,4 @@ class BiEncoder(nn.Module):
         return self.encode(texts, DOCUMENT_TOWER, **options)
 
 
-__all__ = ["BiEncoder", "POOLINGS", "META_FILE"]
+__all__ = ["BiEncoder", "POOLINGS", "META_FILE", "declared_normalization"]

@@ -11,11 +11,18 @@ from workloads.retrieval.mining import MinerMethod, MiningOptions, Run, choose_n
 
 
 class DenseMiner:
-    """Candidates: the encoder's own top ``depth`` over the corpus; positives scored by the same encoder."""
+    """Candidates: the encoder's own top ``depth`` over the corpus; positives scored by the same encoder.
+
+    Scores are cosines: an encoder that does not normalise by its own declaration (a plain Hugging
+    Face checkpoint, without a sentence-transformers ``Normalize`` module) is normalised for mining,
+    as sentence-transformers' ``mine_hard_negatives`` always does, and keyed apart (``-l2``) from
+    its raw inner products (what a dense first stage over it searches)."""
 
     def __init__(self, collection, source: str, identity: str, options: MiningOptions, index: str = "auto"):
+        from workloads.kinds.dense.encoder import declared_normalization
+
         self.collection, self.source, self.options, self.index = collection, source, options, index
-        self.key = f"dense-{identity}"
+        self.key = f"dense-{identity}" if declared_normalization(source) else f"dense-{identity}-l2"
         self._encoder = None
 
     @property
@@ -24,7 +31,7 @@ class DenseMiner:
             from workloads.kinds.dense.encoder import BiEncoder
             from workloads.kinds.dense.first_stage import inference_device
 
-            self._encoder = BiEncoder.from_pretrained(self.source).to(inference_device())
+            self._encoder = BiEncoder.from_pretrained(self.source, normalize=True).to(inference_device())
         return self._encoder
 
     def score(self, queries: dict[str, str], rankings: Run, positives: dict[str, list[str]]) -> dict[str, tuple[dict, dict]]:

@@ -25,7 +25,7 @@ from workloads.kinds.dense.objectives import (
     rtd_labels,
 )
 from workloads.kinds.dense.spec import DenseSpec, DenseTrialSpec, dense_key
-from workloads.kinds.dense.train import DenseBatch, DenseObjective
+from workloads.kinds.dense.train import DenseBatch, DenseObjective, load_encoder
 
 TEXTS = ["dense retrieval of scientific claims", "a protein binds the receptor", "vitamin d and bone density",
          "the trial measured mortality"]
@@ -234,3 +234,11 @@ def test_rtd_in_dense_objective_averages_as_set(tiny):
         parts[average] = objective.loss_fn.last_parts["rtd"].item()
     # the shift MLM replaces every real token but [CLS]: the two means weigh them differently
     assert parts["padded"] != pytest.approx(parts["real_tokens"], rel=1e-3)
+
+
+def test_a_trial_trains_and_keeps_a_normalising_encoder(tiny_model_dir):
+    spec = DenseTrialSpec.model_validate({**BASE, "model": {"name": str(tiny_model_dir), "pooling": "cls"}})
+    encoder = load_encoder(str(tiny_model_dir), spec)  # a plain BERT: it declares no normalisation of its own
+    embeddings = encoder.encode_documents(TEXTS)
+    assert encoder.normalize and embeddings == pytest.approx(embeddings / ((embeddings ** 2).sum(1, keepdims=True) ** 0.5))
+    assert (abs((embeddings ** 2).sum(1) - 1) < 1e-5).all()
