@@ -101,7 +101,7 @@ def test_dense_miner_scores_candidates_and_positives_with_one_encoder(tmp_path, 
     collection = Collection("toy-miner", docs, {"q0": "subject 1"}, {"train": {"q0": {"d4": 1}}})
     miner = DenseMiner(collection, str(tiny_model_dir), "tiny", MiningOptions(depth=5))
     # a plain BERT checkpoint declares no normalisation: mined by cosine (as sentence-transformers), keyed apart
-    assert not declared_normalization(str(tiny_model_dir)) and miner.key == "dense-tiny-l2"
+    assert not declared_normalization(str(tiny_model_dir)) and miner.key == "dense-tiny-mined-l2"
     candidates, positives = miner.score({"q0": "subject 1"}, {}, {"q0": ["d4"]})["q0"]
     model = BiEncoder.from_pretrained(str(tiny_model_dir), normalize=True)
     query = model.encode_queries(["subject 1"])[0]
@@ -273,6 +273,22 @@ def test_unmined_trials_keep_their_keys_and_mined_ones_differ():
     mined = TrialSpec.model_validate({**base, "training_data": {"mining": {"method": "dense", "model": "minilm-l6"}}})
     assert rerank_key(mined) != rerank_key(plain)
     assert TrialSpec.model_validate(mined.model_dump(mode="json")) == mined
+
+
+def test_only_trials_mined_by_an_encoder_that_does_not_normalise_moved_their_keys(tmp_path, monkeypatch):
+    from workloads.kinds.dense import encoder
+    from workloads.kinds.rerank.identity import rerank_key
+    from workloads.kinds.rerank.spec import TrialSpec
+
+    def key(model):
+        return rerank_key(TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"},
+                                                    "training_data": {"mining": {"method": "dense", "model": model}}}))
+
+    assert key("minilm-l6") == "84f85d3de1babeac"  # MiniLM normalises: mined as before issue 57, the same key
+    (tmp_path / "config.json").write_text("{}")  # a plain checkpoint: mined by cosine now, by raw products before
+    moved = key(str(tmp_path))
+    monkeypatch.setattr(encoder, "declared_normalization", lambda name: True)  # as if it normalised: the former key
+    assert key(str(tmp_path)) != moved
 
 
 def test_a_mining_dense_trial_is_keyed_by_its_identity_not_its_files_path(tmp_path):
