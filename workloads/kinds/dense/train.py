@@ -209,8 +209,10 @@ class DenseEpochs:
         what = "sentences (dropout positives)" if inputs.unsupervised else "queries"
         negatives = "BM25 hard + in-batch" if dense.hard_negatives else "in-batch"
         self.say(f"{dense.objective}: {len(self.rows)} {what}, {negatives} negatives, {self.steps} steps/epoch of "
-                 f"{dense.batch_size}, tau {dense.temperature}"
-                 + (f", lambda {dense.rtd_lambda}, masking {dense.masking_ratio}, generator {dense.generator}"
+                 f"{dense.batch_size}, tau {dense.temperature}, pooler {dense.pooler}"
+                 + (f", gathered over {self.world} workers" if self.world > 1 and dense.gather else "")
+                 + (f", lambda {dense.rtd_lambda} (RTD averaged: {dense.rtd_average}), masking {dense.masking_ratio}, "
+                    f"generator {dense.generator}"
                     if dense.objective == "diffcse" else "") + f", on {device}")
 
     def say(self, message: str) -> None:
