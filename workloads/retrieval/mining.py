@@ -14,7 +14,12 @@ list. A miner scores candidates with a stronger model instead, as sentence-trans
    ``model`` its checkpoint directory);
 2. margin filters against the query's hardest (lowest-scored) positive p: a candidate is
    dropped when score + ``absolute_margin`` > p, or score > p - |p| * ``relative_margin``
-   (likely unjudged positives);
+   (likely unjudged positives). sentence-transformers drops it when score > p * (1 -
+   ``relative_margin``): the same for p >= 0, but for a negative p (a cross-encoder's logits
+   often are) its threshold lies *above* p, so it keeps candidates scored as high as the
+   positive or higher, the very ones the margin is there to drop. With |p| the threshold is
+   below p whatever p's sign: a kept negative scores at least ``relative_margin`` x |p|
+   below the positive;
 3. the first ``skip_top`` of the remaining candidates are skipped (sentence-transformers'
    ``range_min``, after the filters as there);
 4. each positive takes ``training_data.negatives`` of the rest: the highest scored
@@ -69,7 +74,7 @@ def negative_pool(candidates: dict[str, float], positive_scores: dict[str, float
         hardest = min(positive_scores.values())
         if options.absolute_margin is not None:
             pool = [(d, s) for d, s in pool if s + options.absolute_margin <= hardest]
-        if options.relative_margin is not None:
+        if options.relative_margin is not None:  # |p|, not sentence-transformers' p (1 - r): see step 2 above
             pool = [(d, s) for d, s in pool if s <= hardest - abs(hardest) * options.relative_margin]
     return pool[options.skip_top:]
 

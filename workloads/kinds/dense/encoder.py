@@ -52,6 +52,15 @@ def _sentence_transformers_head(path: Path) -> tuple[str | None, bool | None]:
     return pooling, any(entry.get("type", "").endswith("Normalize") for entry in entries)
 
 
+def declared_normalization(name: str) -> bool:
+    """Whether the encoder at ``name`` (alias, path) normalises its embeddings by its own declaration:
+    one of our checkpoints' settings, or a sentence-transformers ``Normalize`` module."""
+    path = Path(resolve_model_name(name)).expanduser()
+    if (path / META_FILE).is_file():
+        return bool(json.loads((path / META_FILE).read_text())["normalize"])
+    return bool(_sentence_transformers_head(path)[1])
+
+
 def _load_encoder(path: str, name: str) -> nn.Module:
     try:
         config = AutoConfig.from_pretrained(path)
@@ -168,8 +177,9 @@ class BiEncoder(nn.Module):
         length = self.query_max_length if side == QUERY_TOWER else self.document_max_length
         return dict(self.tokenizer(list(texts), truncation=True, max_length=length, padding="longest", return_tensors="pt"))
 
-    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """The embedding from a tower's last hidden states [B, T, H] -> [B, H] (normalised when set)."""
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, raw: bool = False) -> torch.Tensor:
+        """The embedding from a tower's last hidden states [B, T, H] -> [B, H] (normalised when set,
+        unless ``raw``: what a training-time pooler fed the un-normalised [CLS] reads)."""
         if self.pooling == "mean" and attention_mask is not None:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             embedding = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
@@ -177,12 +187,13 @@ class BiEncoder(nn.Module):
             embedding = hidden.mean(1)
         else:
             embedding = hidden[:, 0]
-        return nn.functional.normalize(embedding, dim=-1) if self.normalize else embedding
+        return nn.functional.normalize(embedding, dim=-1) if self.normalize and not raw else embedding
 
-    def forward(self, side: Side = "document", **inputs: torch.Tensor) -> torch.Tensor:
-        """Embeddings [B, H] of :meth:`tokenize`'s tensors through ``side``'s tower (with gradients when training)."""
+    def forward(self, side: Side = "document", raw: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
+        """Embeddings [B, H] of :meth:`tokenize`'s tensors through ``side``'s tower (with gradients when
+        training); ``raw``: before the L2 normalisation."""
         hidden = self.tower(side)(**inputs).last_hidden_state
-        return self.pool(hidden, inputs.get("attention_mask"))
+        return self.pool(hidden, inputs.get("attention_mask"), raw)
 
     # ------------------------------------------------------------------ inference
     @torch.inference_mode()
@@ -218,4 +229,4 @@ class BiEncoder(nn.Module):
         return self.encode(texts, DOCUMENT_TOWER, **options)
 
 
-__all__ = ["BiEncoder", "POOLINGS", "META_FILE"]
+__all__ = ["BiEncoder", "POOLINGS", "META_FILE", "declared_normalization"]

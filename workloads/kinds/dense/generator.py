@@ -6,9 +6,12 @@
   an ablation, not the thesis's setting: its replacements ignore the context, so they are
   easier to detect than an MLM's plausible ones.
 - a masked-LM id or path (:class:`MaskedLMGenerator`; ``distilbert-base-uncased``, the
-  thesis's best, for users with internet): the masked text through the frozen MLM, each
-  masked position filled with its most likely token (argmax, as the authors' code). Its
-  vocabulary must be the encoder's (the discriminator reads its token ids).
+  thesis's best, for users with internet), run as the authors run it (voidism/DiffCSE: the
+  data collator's ``mask_tokens`` and ``cl_forward``): of the drawn positions 80% become
+  [MASK], 10% a uniformly random token and 10% stay; the frozen MLM reads that text and its
+  argmax is taken at **every** real position (so an unmasked token the MLM changes counts as
+  replaced too), the first position ([CLS], which carries the condition) kept. Its vocabulary
+  must be the encoder's (the discriminator reads its token ids).
 
 A drawn or predicted token equal to the original counts as original (``rtd_labels``).
 """
@@ -53,11 +56,24 @@ class FrequencyGenerator:
         return out
 
 
+MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # BERT's split of the drawn positions (the rest keep their token)
+
+
+def mlm_input(input_ids: torch.Tensor, masked: torch.Tensor, mask_token_id: int, vocab_size: int,
+              draws: torch.Generator | None = None) -> torch.Tensor:
+    """The generator's input: of the ``masked`` positions 80% [MASK], 10% a uniform random token, 10% kept."""
+    split = torch.rand(masked.shape, generator=draws, device="cpu").to(masked.device)
+    random_tokens = torch.randint(vocab_size, masked.shape, generator=draws, device="cpu").to(input_ids.device, input_ids.dtype)
+    out = torch.where(masked & (split < MASK_SHARE), torch.full_like(input_ids, mask_token_id), input_ids)
+    return torch.where(masked & (split >= MASK_SHARE) & (split < MASK_SHARE + RANDOM_SHARE), random_tokens, out)
+
+
 class MaskedLMGenerator:
-    """A frozen masked language model (eval mode, no gradient), argmax at the masked positions."""
+    """A frozen masked language model (eval mode, no gradient) on the 80/10/10 masked text, argmax at every position."""
 
     def __init__(self, model: torch.nn.Module, mask_token_id: int) -> None:
         self.model, self.mask_token_id = model.eval().requires_grad_(False), mask_token_id
+        self.vocab_size = int(model.config.vocab_size)
 
     @classmethod
     def from_pretrained(cls, name: str, tokenizer: PreTrainedTokenizerBase) -> MaskedLMGenerator:
@@ -77,8 +93,10 @@ class MaskedLMGenerator:
     @torch.no_grad()
     def fill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, masked: torch.Tensor,
              draws: torch.Generator | None = None) -> torch.Tensor:
-        logits = self.model(input_ids=input_ids.masked_fill(masked, self.mask_token_id), attention_mask=attention_mask).logits
-        return torch.where(masked, logits.argmax(-1), input_ids)
+        corrupted = mlm_input(input_ids, masked, self.mask_token_id, self.vocab_size, draws)
+        predicted = self.model(input_ids=corrupted, attention_mask=attention_mask).logits.argmax(-1)
+        predicted[:, 0] = input_ids[:, 0]  # the authors' g_pred[:, 0] = cls_token
+        return torch.where(attention_mask.bool(), predicted, input_ids)  # padding stays padding (their g_pred * mask)
 
 
 def build_generator(name: str, tokenizer: PreTrainedTokenizerBase, texts: Iterable[str]):
@@ -88,4 +106,4 @@ def build_generator(name: str, tokenizer: PreTrainedTokenizerBase, texts: Iterab
     return MaskedLMGenerator.from_pretrained(name, tokenizer)
 
 
-__all__ = ["FrequencyGenerator", "MaskedLMGenerator", "build_generator"]
+__all__ = ["FrequencyGenerator", "MaskedLMGenerator", "build_generator", "mlm_input"]

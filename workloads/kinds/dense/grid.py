@@ -57,7 +57,7 @@ def expand_grid(sweep) -> list[GridCell]:
                 for seed in grid.seeds:
                     settings = {**dense, "objective": objective, "negatives": negatives} if isinstance(dense, dict) else dense
                     if objective != "diffcse" and isinstance(settings, dict):  # base's RTD settings are the diffcse cells'
-                        settings = {k: v for k, v in settings.items() if k not in (*RTD_PARAMETERS, "generator")}
+                        settings = {k: v for k, v in settings.items() if k not in (*RTD_PARAMETERS, "generator", "rtd_average")}
                     trial = {**sweep.base, "name": sweep.name, "seed": seed, "dense": settings,
                              "model": {"name": model, "max_length": grid.max_length,
                                        "query_max_length": grid.query_max_length}}

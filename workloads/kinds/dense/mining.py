@@ -9,13 +9,22 @@ from pathlib import Path
 from workloads.core.errors import InputError
 from workloads.retrieval.mining import MinerMethod, MiningOptions, Run, choose_negatives, negative_pool
 
+NORMALISED_FOR_MINING = "mined-l2"  # keyed where an encoder that does not normalise mines
+
 
 class DenseMiner:
-    """Candidates: the encoder's own top ``depth`` over the corpus; positives scored by the same encoder."""
+    """Candidates: the encoder's own top ``depth`` over the corpus; positives scored by the same encoder.
+
+    Scores are cosines: an encoder that does not normalise by its own declaration (a plain Hugging
+    Face checkpoint, without a sentence-transformers ``Normalize`` module) is normalised for mining,
+    as sentence-transformers' ``mine_hard_negatives`` always does, and keyed apart (``mined-l2``) from
+    its raw inner products (what a dense first stage over it searches), as are the trials reading the set."""
 
     def __init__(self, collection, source: str, identity: str, options: MiningOptions, index: str = "auto"):
+        from workloads.kinds.dense.encoder import declared_normalization
+
         self.collection, self.source, self.options, self.index = collection, source, options, index
-        self.key = f"dense-{identity}"
+        self.key = f"dense-{identity}" if declared_normalization(source) else f"dense-{identity}-{NORMALISED_FOR_MINING}"
         self._encoder = None
 
     @property
@@ -24,7 +33,7 @@ class DenseMiner:
             from workloads.kinds.dense.encoder import BiEncoder
             from workloads.kinds.dense.first_stage import inference_device
 
-            self._encoder = BiEncoder.from_pretrained(self.source).to(inference_device())
+            self._encoder = BiEncoder.from_pretrained(self.source, normalize=True).to(inference_device())
         return self._encoder
 
     def score(self, queries: dict[str, str], rankings: Run, positives: dict[str, list[str]]) -> dict[str, tuple[dict, dict]]:
@@ -119,10 +128,15 @@ def _cross_encoder_check(spec) -> str | None:
 
 
 def _dense_identity(spec) -> str | None:
-    """The mining dense trial's key in place of its file's path (as the dense first stage's)."""
+    """The mining dense trial's key in place of its file's path (as the dense first stage's); for an
+    encoder that declares no normalisation, that it is mined by cosine since issue 57 (so the reading
+    trials' keys move with their negatives); else nothing (their keys stay)."""
+    from workloads.kinds.dense.encoder import declared_normalization  # noqa: PLC0415  (as above)
     from workloads.kinds.dense.first_stage import dense_identity  # noqa: PLC0415  (as above)
 
-    return dense_identity(_EncoderChoice(spec.run, spec.model)) if spec.run else None
+    if spec.run:
+        return dense_identity(_EncoderChoice(spec.run, spec.model))
+    return None if not spec.model or declared_normalization(spec.model) else NORMALISED_FOR_MINING
 
 
 DENSE_MINER = MinerMethod("dense", build=_dense_miner, requires=_dense_requires, check=_dense_check, identity=_dense_identity)

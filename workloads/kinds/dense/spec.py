@@ -28,6 +28,11 @@ MODEL_DIR = "model"                    # the kept encoder (BiEncoder.save), insi
 OBJECTIVES = ("contrastive", "diffcse")
 NEGATIVES = ("bm25", "in_batch")
 FREQUENCY_GENERATOR = "frequency"
+POOLERS = ("batchnorm_joint", "batchnorm_per_view", "linear_tanh", "none")  # objectives.POOLERS (no torch import here)
+# DiffCSE's pooler as its authors feed it for diffcse; contrastive trials keep the pooler they had (and their keys)
+DEFAULT_POOLERS = {"diffcse": "batchnorm_joint", "contrastive": "batchnorm_per_view"}
+LATER_FIELDS = ("rtd_average", "gather")  # DenseSpec fields added after the first keys (keyed by dense_key apart)
+FORMER_PER_VIEW_NAME = "mlp"  # batchnorm_per_view's name before issue 57: still read, and what the key writes for it
 
 # The searched parameters, declared once (as the losses' are): the DenseSpec fields below are
 # made from them, and a sweep's search space reads them (searchable: True).
@@ -86,9 +91,21 @@ class DenseSpec(_Strict):
         default=FREQUENCY_GENERATOR, description="diffcse: who fills the masked tokens. 'frequency': a token drawn from the "
                                                  "training texts' token frequencies (offline; an ablation of an MLM); else a "
                                                  "masked-LM id or path (distilbert-base-uncased, the thesis's), frozen, argmax")
-    pooler: Literal["mlp", "none"] = Field(
-        default="mlp", description="mlp: DiffCSE's two-layer MLP with BatchNorm on the embedding while training (dropped "
-                                   "at test); none: the embedding itself")
+    pooler: Literal[POOLERS] = Field(  # type: ignore[valid-type]
+        default="batchnorm_per_view",
+        description="the training-time pooler, dropped at test: batchnorm_joint (DiffCSE's MLP with BatchNorm over every "
+                    "view of the batch as one batch, on the raw embedding: the authors'; the default with objective "
+                    "diffcse), batchnorm_per_view (the same MLP on each view separately, on the normalised embedding: "
+                    "'SimCSE w/ BatchNorm' as run before; the default otherwise; 'mlp' is its former name), "
+                    "linear_tanh (vanilla SimCSE's Linear + tanh on the raw embedding), none")
+    rtd_average: Literal["padded", "real_tokens"] = Field(
+        default="padded", description="diffcse: the RTD cross entropy's mean: padded, over every position of the padded "
+                                      "batch, padding labelled 0 (the authors'; lambda as the thesis reports it); "
+                                      "real_tokens, over real tokens only (the same weight takes lambda x (1 - padding "
+                                      "share))")
+    gather: bool = Field(default=True, description="with more than one worker (resources.workers), every worker's "
+                                                    "embeddings join the in-batch negatives (SimCSE's all-gather, with "
+                                                    "gradients for the local shard); false: each worker's own only")
     epochs: int = Field(default=1, ge=1)
     batch_size: int = Field(default=32, ge=2, description="rows (query or sentence) per step: the in-batch negatives")
     weight_decay: float = Field(default=0.01, ge=0)
@@ -98,11 +115,25 @@ class DenseSpec(_Strict):
     eval_batch_size: int = Field(default=64, ge=1)
     sentences_per_document: int = Field(default=3, ge=1, description="unsupervised: sentences taken from each drawn document")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pooler_of_the_objective(cls, data):
+        """An unset pooler is the objective's (:data:`DEFAULT_POOLERS`); ``mlp`` is ``batchnorm_per_view``'s former name."""
+        if isinstance(data, dict):
+            pooler = data.get("pooler")
+            if pooler is None:
+                objective = data.get("objective", "contrastive")
+                data = {**data, "pooler": DEFAULT_POOLERS.get(objective, "batchnorm_per_view") if isinstance(objective, str)
+                        else "batchnorm_per_view"}
+            elif pooler == FORMER_PER_VIEW_NAME:
+                data = {**data, "pooler": "batchnorm_per_view"}
+        return data
+
     @model_validator(mode="after")
     def _coherent(self) -> DenseSpec:
         if self.objective != "diffcse":  # compared with the defaults, not the fields given: a dumped spec validates again
             fields = type(self).model_fields
-            changed = [f for f in (*RTD_PARAMETERS, "generator") if getattr(self, f) != fields[f].default]
+            changed = [f for f in (*RTD_PARAMETERS, "generator", "rtd_average") if getattr(self, f) != fields[f].default]
             if changed:
                 raise ValueError(f"{', '.join(changed)}: read by objective diffcse only (objective is {self.objective})")
         if self.unsupervised and self.negatives == "bm25":
@@ -145,8 +176,16 @@ class DenseTrialSpec(_Strict):
 
 def dense_key(spec: DenseTrialSpec) -> str:
     """What changes the kept encoder: everything but the name, the resources and the scoring batch."""
-    payload = spec.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size"}})
-    return stable_key(KIND, payload)
+    keyed = spec
+    if spec.dense.pooler == "batchnorm_per_view":  # under its former name: trials that train as before keep their keys
+        keyed = spec.model_copy(update={"dense": spec.dense.model_copy(update={"pooler": FORMER_PER_VIEW_NAME})})
+    # fields added after the first keys are keyed apart, and only where they are read: the others keep theirs
+    payload = keyed.model_dump_json(exclude={"name": True, "resources": True, "dense": {"eval_batch_size", *LATER_FIELDS}},
+                                    warnings=False)
+    later = [f"rtd_average={spec.dense.rtd_average}"] if spec.dense.objective == "diffcse" else []
+    if spec.resources.workers > 1 and spec.dense.gather:  # one worker: nothing to gather
+        later.append("gather")
+    return stable_key(KIND, payload, *later)
 
 
 def dense_dir(spec: DenseTrialSpec) -> Path:

@@ -4,7 +4,8 @@
 Each step: ``batch_size`` rows; the anchors (queries, or sentences) through the query tower,
 the positives (their judged documents, or the same sentences under another dropout mask) and,
 with ``negatives: bm25``, the hard negatives through the document tower; the training-time
-pooler on every embedding; :func:`~workloads.kinds.dense.objectives.in_batch_contrastive`;
+pooler (``dense.pooler``: by default for diffcse one BatchNorm batch over all of them, on the
+raw embedding, as the authors); :func:`~workloads.kinds.dense.objectives.in_batch_contrastive`;
 with ``objective: diffcse``, plus ``rtd_lambda`` x the conditional RTD loss of the anchors and
 the positives, each conditioned on its own embedding. AdamW, linear warm-up and decay,
 clipping. After each epoch the encoder re-scores the validation candidates (cosine, the
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from transformers import get_linear_schedule_with_warmup
 
 from workloads.core.logs import get_logger, progress_bar
@@ -29,9 +31,12 @@ from workloads.evaluation import RETRIEVAL_MEASURES, evaluate, validation_values
 from workloads.kinds.dense.encoder import BiEncoder
 from workloads.kinds.dense.generator import build_generator
 from workloads.kinds.dense.objectives import (
+    RAW_INPUT_POOLERS,
     ConditionalDiscriminator,
-    ProjectionPooler,
+    build_pooler,
+    gathered,
     in_batch_contrastive,
+    pool_views,
     replaced_token_detection,
 )
 from workloads.kinds.dense.spec import MODEL_DIR, DenseSpec, DenseTrialSpec
@@ -87,7 +92,7 @@ class DenseObjective(torch.nn.Module):
     """The bi-encoder, its training-time pooler and (diffcse) the discriminator, with the loss,
     as one module (what data-parallel training wraps). The generator is frozen and not a part."""
 
-    def __init__(self, encoder: BiEncoder, settings: DenseSpec, pooler: ProjectionPooler | None = None,
+    def __init__(self, encoder: BiEncoder, settings: DenseSpec, pooler: torch.nn.Module | None = None,
                  discriminator: ConditionalDiscriminator | None = None, generator=None,
                  amp_dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -96,22 +101,36 @@ class DenseObjective(torch.nn.Module):
         self.special_ids = sorted(set(encoder.tokenizer.all_special_ids))
         self.loss_fn = _Parts()
 
-    def embed(self, inputs: dict[str, torch.Tensor], side: str) -> torch.Tensor:
-        embeddings = self.encoder(side, **inputs).float()
-        return self.pooler(embeddings) if self.pooler is not None else embeddings
+    def embed(self, batch: DenseBatch) -> list[torch.Tensor | None]:
+        """The anchors', positives' and negatives' embeddings through the training-time pooler (``dense.pooler``)."""
+        raw = self.pooler is not None and self.settings.pooler in RAW_INPUT_POOLERS
+        views = [None if inputs is None else self.encoder(side, raw=raw, **inputs).float()
+                 for inputs, side in ((batch.anchors, batch.anchor_side), (batch.positives, "document"),
+                                      (batch.negatives, "document"))]
+        return pool_views(self.pooler, self.settings.pooler == "batchnorm_joint", views)
+
+    def in_batch(self, anchors: torch.Tensor, positives: torch.Tensor,
+                 negatives: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The contrastive loss's rows: with ``dense.gather`` while training under more than one worker,
+        every worker's (:func:`gathered`), so the in-batch negatives are the global batch's."""
+        if not (self.settings.gather and self.training and dist.is_available() and dist.is_initialized()
+                and dist.get_world_size() > 1):
+            return anchors, positives, negatives
+        # every worker takes part in each gather, with or without hard negatives of its own
+        negatives = gathered(negatives if negatives is not None else anchors.new_zeros((0, anchors.shape[1])))
+        return gathered(anchors), gathered(positives), negatives if negatives.shape[0] else None
 
     def forward(self, batch: DenseBatch, structure=None) -> torch.Tensor:
         device_type = next(self.encoder.parameters()).device.type
         with torch.autocast(device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            anchors = self.embed(batch.anchors, batch.anchor_side)
-            positives = self.embed(batch.positives, "document")
-            negatives = self.embed(batch.negatives, "document") if batch.negatives is not None else None
-            contrastive = in_batch_contrastive(anchors, positives, negatives, self.settings.temperature)
+            anchors, positives, negatives = self.embed(batch)
+            contrastive = in_batch_contrastive(*self.in_batch(anchors, positives, negatives), self.settings.temperature)
             parts = {"contrastive": contrastive.detach()}
             loss = contrastive
             if self.discriminator is not None:
                 outcomes = [replaced_token_detection(self.discriminator, self.generator, inputs, condition,
-                                                     self.settings.masking_ratio, self.special_ids, batch.draws)
+                                                     self.settings.masking_ratio, self.special_ids, batch.draws,
+                                                     self.settings.rtd_average)
                             for inputs, condition in ((batch.anchors, anchors), (batch.positives, positives))]
                 rtd = sum(o.loss for o in outcomes) / len(outcomes)
                 loss = loss + self.settings.rtd_lambda * rtd
@@ -156,7 +175,7 @@ class DenseEpochs:
         seed_everything(spec.seed)
         self.rows = training_rows(inputs)
         encoder = load_encoder(str(Path(resume_from) / MODEL_DIR) if resume_from is not None else spec.model.name, spec)
-        pooler = ProjectionPooler(encoder.hidden_size) if dense.pooler == "mlp" else None
+        pooler = build_pooler(dense.pooler, encoder.hidden_size)
         discriminator = generator = None
         if dense.objective == "diffcse":
             # D starts from the encoder's starting weights (the authors' discriminator is the pretrained BERT too)
@@ -190,8 +209,10 @@ class DenseEpochs:
         what = "sentences (dropout positives)" if inputs.unsupervised else "queries"
         negatives = "BM25 hard + in-batch" if dense.hard_negatives else "in-batch"
         self.say(f"{dense.objective}: {len(self.rows)} {what}, {negatives} negatives, {self.steps} steps/epoch of "
-                 f"{dense.batch_size}, tau {dense.temperature}"
-                 + (f", lambda {dense.rtd_lambda}, masking {dense.masking_ratio}, generator {dense.generator}"
+                 f"{dense.batch_size}, tau {dense.temperature}, pooler {dense.pooler}"
+                 + (f", gathered over {self.world} workers" if self.world > 1 and dense.gather else "")
+                 + (f", lambda {dense.rtd_lambda} (RTD averaged: {dense.rtd_average}), masking {dense.masking_ratio}, "
+                    f"generator {dense.generator}"
                     if dense.objective == "diffcse" else "") + f", on {device}")
 
     def say(self, message: str) -> None:

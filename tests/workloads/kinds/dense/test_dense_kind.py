@@ -1,6 +1,7 @@
 """The dense trial kind: its spec (one-line errors), its registration, a tiny trial end to end."""
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -10,6 +11,7 @@ from tests.helpers import assert_validates_query_by_query
 from workloads.core.errors import InputError
 from workloads.kinds.dense.spec import SEARCHED_PARAMETERS, DenseSpec, DenseTrialSpec, dense_key, load_dense_trial
 
+SHIPPED = Path(__file__).resolve().parents[4] / "search_spaces" / "trials" / "dense-trial-scifact.yaml"  # the guide's
 BASE = {"kind": "dense", "name": "d", "data": {"collection": "beir/scifact"}, "model": {"name": "minilm-l6"}}
 
 
@@ -47,6 +49,18 @@ def test_the_key_ignores_name_and_resources_and_follows_what_trains():
     assert dense_key(spec) == dense_key(spec.model_copy(update={"name": "other"}))
     for changed in ({"dense": {"temperature": 0.1}}, {"dense": {"objective": "diffcse"}}, {"seed": 1}):
         assert dense_key(DenseTrialSpec.model_validate({**BASE, **changed})) != dense_key(spec)
+
+
+def test_the_shipped_dense_trial_dry_runs_as_the_guide_describes(tmp_path):
+    from tests.helpers import run_cli
+
+    spec = load_dense_trial(str(SHIPPED))
+    proc = run_cli(tmp_path, "run", str(SHIPPED), "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0].startswith(f"dense trial dense-trial-scifact (identity {dense_key(spec)}): kept in ")
+    assert (spec.dense.objective, spec.dense.rtd_lambda, spec.dense.pooler) == ("diffcse", 0.005, "batchnorm_joint")
+    assert "    pooler: batchnorm_joint" in proc.stdout.splitlines() and "    rtd_average: padded" in proc.stdout.splitlines()
+    assert not (tmp_path / ".orchestrate").exists()  # a dry run writes nothing
 
 
 def test_the_searched_parameters_are_the_specs_fields():
@@ -160,6 +174,9 @@ def test_a_tiny_dense_trial_in_process(tmp_path, tiny_model_dir, small_scifact, 
 
     dense = {"objective": objective, "epochs": 2, "batch_size": 4, "learning_rate": 1e-3, "eval_batch_size": 256,
              **({"rtd_lambda": 0.5} if objective == "diffcse" else {})}
+    if objective == "diffcse":  # the shipped trial file's settings (pooler, generator, averaging), at the tiny size
+        dense = {**load_dense_trial(str(SHIPPED)).dense.model_dump(), **dense}
+        assert dense["pooler"] == "batchnorm_joint" and dense["generator"] == "frequency"
     spec = DenseTrialSpec.model_validate({
         "kind": "dense", "name": f"tiny-{objective}", "data": {"collection": str(small_scifact), "validation_queries": 5},
         "first_stage": {"train_depth": 10, "validation_depth": 10}, "training_data": {"size": 16, "seed": 3},

@@ -31,13 +31,16 @@ def test_rtd_labels_mark_replaced_real_tokens_only():
     assert rtd_labels(original, corrupted, mask).tolist() == [[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]
 
 
-def test_rtd_loss_is_the_mean_binary_cross_entropy_over_real_tokens():
+def test_rtd_loss_averages_over_the_padded_batch_by_default_or_over_real_tokens():
     logits = torch.tensor([[0.0, math.log(3), -math.log(3), 5.0]])
     labels = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
-    mask = torch.tensor([[1, 1, 1, 0]])  # the last is padding: left out
+    mask = torch.tensor([[1, 1, 1, 0]])  # the last is padding
     # -log sigmoid(0) = log 2; -log sigmoid(log 3) = log 4/3; -log (1 - sigmoid(-log 3)) = log 4/3
-    expected = (math.log(2) + 2 * math.log(4 / 3)) / 3
-    assert rtd_loss(logits, labels, mask).item() == pytest.approx(expected, abs=1e-6)
+    real = math.log(2) + 2 * math.log(4 / 3)
+    assert rtd_loss(logits, labels, mask, "real_tokens").item() == pytest.approx(real / 3, abs=1e-6)
+    # the authors': every position, padding labelled 0 (-log (1 - sigmoid(5)) = log(1 + e^5)), over 4
+    padded = (real + math.log(1 + math.exp(5))) / 4
+    assert rtd_loss(logits, labels, mask).item() == pytest.approx(padded, abs=1e-6)
 
 
 def test_in_batch_contrastive_is_simcse_by_hand():

@@ -35,6 +35,14 @@ def test_margin_filters_compare_with_the_hardest_positive():
     assert [d for d, _ in skipped] == ["d", "e"]  # the filter first (a, b gone), then skip c
 
 
+def test_the_relative_margin_stays_below_a_negative_positive_score():
+    # a cross-encoder's logits: the hardest positive scores -2.0; relative margin 0.1 keeps what scores <= -2.2
+    candidates = {"above": -1.9, "level": -2.0, "close": -2.1, "far": -2.3, "p": -2.0}
+    pool = negative_pool(candidates, {"p": -2.0}, {"p"}, MiningOptions(relative_margin=0.1))
+    assert pool == [("far", -2.3)]
+    # sentence-transformers' s > p (1 - r) would keep all four (threshold -1.8, above the positive)
+
+
 def test_choose_negatives_takes_the_top_or_draws_with_the_seed():
     pool = [("a", 3.0), ("b", 2.0), ("c", 1.0)]
     assert choose_negatives(pool, 2, "top", random.Random(0)) == [("a", 3.0), ("b", 2.0)]
@@ -85,20 +93,43 @@ def test_mined_training_set_keeps_the_positives_and_the_miners_scores(tmp_path, 
 
 
 def test_dense_miner_scores_candidates_and_positives_with_one_encoder(tmp_path, monkeypatch, tiny_model_dir):
-    from workloads.kinds.dense.encoder import BiEncoder
+    from workloads.kinds.dense.encoder import BiEncoder, declared_normalization
     from workloads.kinds.dense.mining import DenseMiner
 
     monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
     docs = {f"d{i}": Document(f"d{i}", "", f"document number {i} on subject {i % 3}") for i in range(12)}
     collection = Collection("toy-miner", docs, {"q0": "subject 1"}, {"train": {"q0": {"d4": 1}}})
     miner = DenseMiner(collection, str(tiny_model_dir), "tiny", MiningOptions(depth=5))
+    # a plain BERT checkpoint declares no normalisation: mined by cosine (as sentence-transformers), keyed apart
+    assert not declared_normalization(str(tiny_model_dir)) and miner.key == "dense-tiny-mined-l2"
     candidates, positives = miner.score({"q0": "subject 1"}, {}, {"q0": ["d4"]})["q0"]
-    model = BiEncoder.from_pretrained(str(tiny_model_dir))
+    model = BiEncoder.from_pretrained(str(tiny_model_dir), normalize=True)
     query = model.encode_queries(["subject 1"])[0]
     products = {d: float(model.encode_documents([doc.contents])[0] @ query) for d, doc in docs.items()}
     assert positives == pytest.approx({"d4": products["d4"]}, rel=1e-4)
     best = sorted(products, key=lambda d: -products[d])[:6]  # depth + room for the one positive
     assert sorted(candidates) == sorted(best) and candidates == pytest.approx({d: products[d] for d in best}, rel=1e-4)
+    assert all(-1 - 1e-5 <= s <= 1 + 1e-5 for s in [*candidates.values(), *positives.values()])  # cosines
+
+
+def test_an_encoder_that_declares_normalisation_keeps_its_miner_key(tmp_path, monkeypatch):
+    from workloads.kinds.dense.encoder import META_FILE
+    from workloads.kinds.dense.mining import DenseMiner
+
+    monkeypatch.setenv("ORCHESTRATE_CACHE_DIR", str(tmp_path / "cache"))
+    sentence_transformers = tmp_path / "st"
+    (sentence_transformers / "1_Pooling").mkdir(parents=True)
+    (sentence_transformers / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    (sentence_transformers / "modules.json").write_text(
+        '[{"path": "", "type": "sentence_transformers.models.Transformer"}, '
+        '{"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}, '
+        '{"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]')
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / META_FILE).write_text('{"normalize": true}')
+    collection = Collection("toy", {}, {}, {})
+    for source in (sentence_transformers, ours):
+        assert DenseMiner(collection, str(source), "x", MiningOptions()).key == "dense-x"
 
 
 # ----------------------------------------------------------------------------- MarginMSE
@@ -114,6 +145,26 @@ def test_margin_mse_is_registered_and_matches_a_hand_value():
     assert value.item() == pytest.approx(6.625)
     value.backward()
     assert scores.grad.abs().sum() > 0
+
+
+def test_margin_mse_warns_once_of_a_cosine_teacher(project_log):
+    def rows(positive, negative):
+        return triples_to_batch([{"query_id": "a", "query": "q", "positive": "p", "negative": "n",
+                                  "positive_score": positive, "negative_score": negative}])
+
+    outputs = ModelOutputs(torch.tensor([4.0, -3.0]), torch.zeros(2, 2))
+    logits = build_ranking_loss("margin_mse")
+    logits(outputs, rows(6.5, -2.0).structure)
+    assert not project_log.records  # a cross-encoder teacher's logits: on the student's scale
+    cosines = build_ranking_loss("margin_mse")
+    cosines(outputs, rows(0.82, 0.41).structure)
+    warned = len(project_log.records)
+    cosines(outputs, rows(0.82, 0.41).structure)
+    assert len(project_log.records) == warned  # once per loss
+    assert {r.getMessage() for r in project_log.records} == {
+        "margin_mse: the teacher's scores all lie in [-1, 1] (cosines of a dense miner?), so its margins are at most 2 "
+        "while the student scores logits; distil from a cross-encoder (training_data.mining.method: cross_encoder) or "
+        "expect the student's margins to shrink to the teacher's"}
 
 
 def test_margin_mse_per_query_lists_and_batches_without_a_teacher():
@@ -222,6 +273,22 @@ def test_unmined_trials_keep_their_keys_and_mined_ones_differ():
     mined = TrialSpec.model_validate({**base, "training_data": {"mining": {"method": "dense", "model": "minilm-l6"}}})
     assert rerank_key(mined) != rerank_key(plain)
     assert TrialSpec.model_validate(mined.model_dump(mode="json")) == mined
+
+
+def test_only_trials_mined_by_an_encoder_that_does_not_normalise_moved_their_keys(tmp_path, monkeypatch):
+    from workloads.kinds.dense import encoder
+    from workloads.kinds.rerank.identity import rerank_key
+    from workloads.kinds.rerank.spec import TrialSpec
+
+    def key(model):
+        return rerank_key(TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"},
+                                                    "training_data": {"mining": {"method": "dense", "model": model}}}))
+
+    assert key("minilm-l6") == "84f85d3de1babeac"  # MiniLM normalises: mined as before issue 57, the same key
+    (tmp_path / "config.json").write_text("{}")  # a plain checkpoint: mined by cosine now, by raw products before
+    moved = key(str(tmp_path))
+    monkeypatch.setattr(encoder, "declared_normalization", lambda name: True)  # as if it normalised: the former key
+    assert key(str(tmp_path)) != moved
 
 
 def test_a_mining_dense_trial_is_keyed_by_its_identity_not_its_files_path(tmp_path):
