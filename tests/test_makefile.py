@@ -19,7 +19,8 @@ def _make(tmp_path, *args, **env):
     """``make -n`` (print, run nothing) on a copy of the Makefile beside a copy of pyproject.toml."""
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
-    environment = {k: v for k, v in os.environ.items() if k != "PYTHON"} | env
+    # (not the variables of a make that runs the tests: a sub-make prints "Entering directory" lines)
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")} | env
     return subprocess.run(["make", "-n", *args], cwd=tmp_path, env=environment, capture_output=True, text=True)
 
 

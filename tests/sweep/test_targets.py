@@ -12,8 +12,8 @@ from orchestrator.sweep.grid import check_targets, expand_grid, load_sweep
 from tests.helpers import run_cli
 from workloads.core.errors import InputError
 from workloads.data.resolve import resolve_collection
+from workloads.kinds import kind_named
 from workloads.kinds.ear.spec import EarTrialSpec, is_ear_file
-from workloads.kinds.rerank.spec import TrialSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "search_spaces").glob("*.yaml"))  # sweeps at the top, trial files in trials/
@@ -40,7 +40,7 @@ def test_every_shipped_trial_file_tests_on_held_out_queries(path):
             collection = resolve_collection(spec.data.collection)
             assert not set(collection.split_qrels(spec.data.test_split)) & set(collection.split_qrels(spec.data.train_split))
         return
-    _, specs = load_trials(path, TrialSpec)  # by configuration
+    _, specs = load_trials(path, kind_named(read_yaml(path)[0].get("kind")).spec)  # by configuration, as its kind reads it
     for spec in specs:
         for target in targets(spec):
             assert target_overlap(spec, target) is None  # and by the queries of the local collections

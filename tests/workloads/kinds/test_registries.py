@@ -48,10 +48,16 @@ def spec_for(kind: str, name: str) -> LossSpec:
     return LossSpec(ranking=name) if kind == "ranking" else LossSpec(contrastive=name)
 
 
+def _teacher(kind: str, name: str) -> dict:
+    """A loss that regresses on a teacher's scores trains on mined negatives (which carry them)."""
+    cls = (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name]
+    return {"training_data": {"mining": {"method": "dense", "model": "minilm-l6"}}} if cls.needs_teacher else {}
+
+
 @pytest.mark.parametrize("kind, name", ALL_LOSSES)
 def test_every_loss_is_configurable(kind, name, tmp_path):
     trial = {"name": "t", "data": {"collection": "c"}, "model": {"name": "m"}, "loss": {kind: name},
-             "augmentation": {"method": "bm25"}}
+             "augmentation": {"method": "bm25"}, **_teacher(kind, name)}
     path = tmp_path / "trial.yaml"
 
     path.write_text(yaml.safe_dump(trial))
@@ -84,7 +90,7 @@ def test_every_loss_is_constructible_with_its_declared_hyperparameters(kind, nam
 def test_every_searchable_hyperparameter_can_be_searched(kind, name):
     cls = (RANKING_LOSSES if kind == "ranking" else CONTRASTIVE_LOSSES)[name]
     spec = TrialSpec.model_validate({"name": "t", "data": {"collection": "c"}, "model": {"name": "m"},
-                                     "loss": {kind: name}, "augmentation": {"method": "bm25"}})
+                                     "loss": {kind: name}, "augmentation": {"method": "bm25"}, **_teacher(kind, name)})
     cell = Cell("cell-0", {}, spec, None, False)
     for field in cls.searchable:
         assert field in cell.searched
