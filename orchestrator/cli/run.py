@@ -19,8 +19,7 @@ def add_parser(sub, common) -> None:
                         help="check the file and print each trial's resolved configuration, identity and targets; run nothing")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tracking(parser)
-    parser.add_argument("--storage", default=".orchestrate/ray_results", metavar="DIR",
-                        help="Ray Train storage for checkpoints; Ray's own output goes to run.log there (-v: on the terminal)")
+    parser.add_argument("--storage", default=".orchestrate/ray_results", metavar="DIR", help="Ray Train storage for checkpoints")
     add_address(parser)
     parser.add_argument("--force", action="store_true", help="rerun even if a finished run of this trial exists")
     parser.set_defaults(func=run)
@@ -108,7 +107,6 @@ def dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core.execution import check_ray_address
     from orchestrator.core.interrupts import Interrupted, interruptible
-    from orchestrator.core.ray_output import RUN_LOG, ray_output_to
     from orchestrator.core.tracking import open_tracker
     from orchestrator.lifecycle.preparation import refuse_configuration_problems
     from orchestrator.lifecycle.run import run_trial
@@ -132,18 +130,16 @@ def run(args: argparse.Namespace) -> int:
     tracker = open_tracker(args.tracking_uri)
     storage = Path(args.storage).resolve()
     results = []
-    # Ray's and Train's own lines in a file beside the checkpoints; the project's on the terminal (all there with -v)
-    with ray_output_to(None if getattr(args, "verbose", False) else storage / RUN_LOG):
-        for spec in specs:
-            with interruptible():  # SIGTERM as Ctrl-C: the trial's run is marked interrupted, never left open
-                try:
-                    result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force,
-                                       experiment=experiment)
-                except KeyboardInterrupt:
-                    raise Interrupted(f"{kind.title} {spec.name} stopped before it finished (its MLflow run, once started, "
-                                      f"is KILLED and tagged interrupted; {len(results)} finished trial(s) of this file "
-                                      "are kept): run the same command again to resume from its last checkpoint") from None
-            results.append(_reported(kind, spec, result, experiment, tracker, args.json))
+    for spec in specs:
+        with interruptible():  # SIGTERM as Ctrl-C: the trial's run is marked interrupted, never left open
+            try:
+                result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force,
+                                   experiment=experiment)
+            except KeyboardInterrupt:
+                raise Interrupted(f"{kind.title} {spec.name} stopped before it finished (its MLflow run, once started, is "
+                                  f"KILLED and tagged interrupted; {len(results)} finished trial(s) of this file are "
+                                  "kept): run the same command again to resume from its last checkpoint") from None
+        results.append(_reported(kind, spec, result, experiment, tracker, args.json))
     if args.json:
         listed = len(results) > 1 or kind.report is not None  # (a kind's own report always lists its trials)
         emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if listed
