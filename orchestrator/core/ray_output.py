@@ -190,7 +190,8 @@ def ray_output_to(log_file: Path | None, said_in_one_line: Callable[[BaseExcepti
     ray = sys.modules.get("ray")
     started_ray = ray is None or not ray.is_initialized()
     routing = _active = _Routing(log_file, sys.stderr)
-    routing.attach()
+    if not started_ray:  # (else init_ray attaches, once Ray starts)
+        routing.attach()
     failure = None
     try:
         yield

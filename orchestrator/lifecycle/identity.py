@@ -9,17 +9,17 @@ only for the same data.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
-from workloads.core.logs import get_logger
 from workloads.core.paths import stable_key
 from workloads.data.identity import collection_identity
 from workloads.kinds import kind_of
 
-log = get_logger("run")  # the project's name: shown at the CLI's levels, as [run]
+log = logging.getLogger(__name__)
 
 
 def trial_key(spec) -> str:

@@ -17,6 +17,7 @@ typed (:class:`TrialResult`).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,11 +34,10 @@ from orchestrator.lifecycle.identity import (
     trial_key,
 )
 from orchestrator.lifecycle.targets import TargetResult, log_target, submit_evaluations, targets
-from workloads.core.logs import get_logger
 from workloads.evaluation.reranking import Reranking
 from workloads.kinds import TrialKind, choose_epoch, kind_of, requirements, result_summary, run_steps
 
-log = get_logger("run")  # the project's name: shown at the CLI's levels, as [run]
+log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- a trial's outcome, typed
 

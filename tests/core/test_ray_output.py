@@ -91,6 +91,7 @@ def test_the_block_sends_ray_s_driver_loggers_below_warnings_to_the_file_and_giv
     probe.addHandler(console)
     try:
         with ray_output_to(tmp_path / "ray" / "run.log"):
+            ray_output.attach()  # as init_ray does before ray.init
             probe.info("Started a local Ray instance")
             probe.warning("the dashboard did not start")
         assert console.level == logging.NOTSET and probe.handlers == [console]
@@ -108,16 +109,23 @@ def test_an_unexpected_error_says_where_ray_s_output_is_and_bad_input_does_not(t
 
     where = f"[run] error: Ray's own output, with any worker's traceback, is in {tmp_path / 'run.log'}\n"
     with pytest.raises(RuntimeError), ray_output_to(tmp_path / "run.log"):
+        ray_output.attach()
         raise RuntimeError("a worker failed")
     assert project_log.getvalue().endswith(where)
     with pytest.raises(InputError), ray_output_to(tmp_path / "run.log"):
+        ray_output.attach()
         raise InputError("trial.yaml", "bad")
     with pytest.raises(ValueError), ray_output_to(tmp_path / "run.log", lambda exc: isinstance(exc, ValueError)):
+        ray_output.attach()
         raise ValueError("a worker's bad input, under Ray's wrappers")
     assert project_log.getvalue().count(where) == 1  # (bad input is the command's one line: nothing more)
 
 
-def test_verbose_routes_nothing(tmp_path, project_log):
+def test_verbose_routes_nothing_and_a_run_that_never_starts_ray_writes_no_file(tmp_path, project_log):
+    import ray  # noqa: F401 - imported, not started
+
     with ray_output_to(None):
         ray_output.attach()
+    with ray_output_to(tmp_path / "run.log"):  # a trial reused, or bad input before Ray starts
+        pass
     assert not list(tmp_path.iterdir()) and project_log.getvalue() == ""
