@@ -19,7 +19,8 @@ def add_parser(sub, common) -> None:
                         help="check the file and print each trial's resolved configuration, identity and targets; run nothing")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tracking(parser)
-    parser.add_argument("--storage", default=".orchestrate/ray_results", metavar="DIR", help="Ray Train storage for checkpoints")
+    parser.add_argument("--storage", default=".orchestrate/ray_results", metavar="DIR",
+                        help="Ray Train storage for checkpoints; Ray's own output goes to run.log there (-v: on the terminal)")
     add_address(parser)
     parser.add_argument("--force", action="store_true", help="rerun even if a finished run of this trial exists")
     parser.set_defaults(func=run)
@@ -105,8 +106,9 @@ def dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.execution import check_ray_address
+    from orchestrator.core.execution import check_ray_address, input_error_in
     from orchestrator.core.interrupts import Interrupted, interruptible
+    from orchestrator.core.ray_output import RUN_LOG, ray_output_to
     from orchestrator.core.tracking import open_tracker
     from orchestrator.lifecycle.preparation import refuse_configuration_problems
     from orchestrator.lifecycle.run import run_trial
@@ -130,16 +132,18 @@ def run(args: argparse.Namespace) -> int:
     tracker = open_tracker(args.tracking_uri)
     storage = Path(args.storage).resolve()
     results = []
-    for spec in specs:
-        with interruptible():  # SIGTERM as Ctrl-C: the trial's run is marked interrupted, never left open
-            try:
-                result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force,
-                                   experiment=experiment)
-            except KeyboardInterrupt:
-                raise Interrupted(f"{kind.title} {spec.name} stopped before it finished (its MLflow run, once started, is "
-                                  f"KILLED and tagged interrupted; {len(results)} finished trial(s) of this file are "
-                                  "kept): run the same command again to resume from its last checkpoint") from None
-        results.append(_reported(kind, spec, result, experiment, tracker, args.json))
+    # Ray's and Train's own lines in a file beside the checkpoints, the project's on the terminal (all there with -v)
+    with ray_output_to(None if args.verbose else storage / RUN_LOG, lambda exc: input_error_in(exc) is not None):
+        for spec in specs:
+            with interruptible():  # SIGTERM as Ctrl-C: the trial's run is marked interrupted, never left open
+                try:
+                    result = run_trial(spec, tracker, storage, ray_address=args.address, force=args.force,
+                                       experiment=experiment)
+                except KeyboardInterrupt:
+                    raise Interrupted(f"{kind.title} {spec.name} stopped before it finished (its MLflow run, once started, is "
+                                      f"KILLED and tagged interrupted; {len(results)} finished trial(s) of this file are "
+                                      "kept): run the same command again to resume from its last checkpoint") from None
+            results.append(_reported(kind, spec, result, experiment, tracker, args.json))
     if args.json:
         listed = len(results) > 1 or kind.report is not None  # (a kind's own report always lists its trials)
         emit(json.dumps({"experiment": experiment, "tracking_uri": tracker.uri, "trials": results} if listed

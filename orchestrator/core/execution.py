@@ -8,7 +8,6 @@ checkpoint per epoch scored by validation nDCG@10.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import time
@@ -18,14 +17,15 @@ from pathlib import Path
 import torch
 import yaml
 
+from orchestrator.core import ray_output
 from orchestrator.core.schema import OBJECTIVE
 from workloads.core.errors import InputError
-from workloads.core.logs import LEVEL_ENV
+from workloads.core.logs import LEVEL_ENV, get_logger
 from workloads.core.logs import configure as configure_logging
 from workloads.core.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
 from workloads.kinds import TRIAL_KINDS, kind_of
 
-logger = logging.getLogger(__name__)
+logger = get_logger("run")  # the project's name: shown at the CLI's levels, as [run]
 
 # Defaults for the driver and every Ray worker (an exported value wins): quiet and prompt.
 # Downloads stay on (Hugging Face's and ir_datasets' own behaviour): a fresh cluster node must
@@ -83,6 +83,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect to ``address`` (or $RAY_ADDRESS), else start a local Ray on this machine."""
     import ray
 
+    ray_output.attach()  # inside `run`: Ray's own output from here on to run.log (before ray.init's own lines)
     if ray.is_initialized():
         return
     set_environment_defaults()
@@ -111,6 +112,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             raise
         raise InputError(address or "ray", f"{' '.join(str(exc).split())}: run orchestrate from the cluster's Python "
                                            "(cluster/python-version) and Ray") from None
+    ray_output.attach()
     if port is not None and not str(context.dashboard_url or "").endswith(f":{port}"):
         logger.warning("Ray's dashboard did not start on port %d (%s): Ray Train may wait on a stale "
                        "cluster address at the end of each trial", port, context.dashboard_url or "not started")

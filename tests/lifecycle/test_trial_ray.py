@@ -86,3 +86,19 @@ def test_worker_progress_reaches_the_driver_once(trial_run):
     work, _, _, _ = trial_run
     lines = [line for line in (work / "first.stderr").read_text().splitlines() if "[train] epoch 1/2 [" in line]
     assert lines and len(lines) == len(set(lines))  # Train V2's print patch would print each line twice
+
+
+def test_the_default_level_prints_the_projects_lines_and_ray_s_own_go_to_run_log(trial_run):
+    # Ray forwards every worker line to the driver: Ray Train's own ("Reporting training result 1:
+    # TrainingReport(...)" with every metric) filled the terminal of `run` beside the project's
+    work, _, _, _ = trial_run
+    stderr = (work / "first.stderr").read_text()
+    assert "TrainingReport(" not in stderr and "Reporting training result" not in stderr, stderr[-3000:]
+    assert "pid=" not in stderr, stderr[-3000:]
+    lines = stderr.splitlines()
+    # the project's own, a Train worker's and a Ray task's included, without Ray's prefix
+    assert any(line.startswith("[train] epoch 1/2 [") for line in lines), stderr[-3000:]
+    assert any(line.startswith("[score] test: ") for line in lines), stderr[-3000:]
+    assert f"[run] Ray's and Ray Train's own output goes to {work / 'ray' / 'run.log'} (-v shows it here)" in lines
+    ray_log = (work / "ray" / "run.log").read_text()
+    assert "Reporting training result 2: TrainingReport(" in ray_log and "[train] epoch" not in ray_log
