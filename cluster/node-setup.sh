@@ -8,9 +8,10 @@
 #
 # A failing step says which, and why, on stderr: Ray's autoscaler logs it on the head
 # (/tmp/ray/session_latest/logs/monitor.*, or `ray monitor cluster.yaml` from the laptop). A
-# worker also records the failure on the shared volume; after RERANK_LAB_MAX_SETUP_FAILURES (3)
-# failures within two hours, workers refuse at once, and the head's worker guard
-# (cluster/worker_guard.py) stops the autoscaler from launching more (docs/cluster.md).
+# worker also prints a record of the failure, which the head's worker guard (cluster/worker_guard.py)
+# copies from the autoscaler's log into the shared volume's failure log (the worker writes it there
+# itself when the volume is mounted); after RERANK_LAB_MAX_SETUP_FAILURES (3) failures within two
+# hours, workers refuse at once, and the guard stops the autoscaler from launching more (docs/cluster.md).
 set -euo pipefail
 role="${1:?usage: node-setup.sh head|worker EFS_DNS_NAME}"
 efs="${2:?usage: node-setup.sh head|worker EFS_DNS_NAME}"
@@ -22,12 +23,19 @@ failures="$shared/cluster/worker-setup-failures.log"
 step="start"
 
 on_error() {
-    local code=$1
+    local code=$1 record
     echo "rerank-lab $role setup FAILED on $(hostname) at step '$step' (exit $code); the lines above say why" >&2
-    if [[ "$role" == worker ]] && mountpoint -q "$shared"; then
+    [[ "$role" == worker ]] || return 0
+    record="$(date +%s) $(date -Is) $(hostname) step '$step' exit $code"
+    if mountpoint -q "$shared"; then
         mkdir -p "$(dirname "$failures")"
-        echo "$(date +%s) $(date -Is) $(hostname) step '$step' exit $code" >> "$failures"
+        echo "$record" >> "$failures"
     fi
+    # Ray's autoscaler runs this script over ssh from the head and writes its stderr into its own log
+    # there (monitor.err): the head's worker guard copies this line from that log into $failures
+    # (once: written above already when the volume is mounted), so a failure is counted even when the
+    # shared volume never mounted (docs/cluster.md, "When a worker's setup fails")
+    echo "rerank-lab setup failure record: $record" >&2
 }
 trap 'on_error $?' ERR
 

@@ -20,8 +20,10 @@ STUBS = {
     "add-apt-repository": 'echo "add-apt-repository $*" >> "$CALLS"',
     "cloud-init": 'echo "cloud-init $*" >> "$CALLS"',
     "systemd-run": 'echo "systemd-run $*" >> "$CALLS"',
-    "mount": 'echo "mount $*" >> "$CALLS"; touch "$MOUNTED_FLAG"',
+    "mount": 'echo "mount $*" >> "$CALLS"; [ -n "$MOUNT_FAILS" ] && exit 32; touch "$MOUNTED_FLAG"',
     "mountpoint": '[ -e "$MOUNTED_FLAG" ]',
+    "sleep": 'echo "sleep $*" >> "$CALLS"',
+    "hostname": 'echo "${NODE_NAME:-ip-10-0-0-1}"',
     "nvidia-smi": 'echo "nvidia-smi $*" >> "$CALLS"; [ "$DRIVER" = none ] && exit 9; echo "$DRIVER"',
     f"python{PYTHON}": (f'echo "python{PYTHON} $*" >> "$CALLS"; mkdir -p .venv/bin\n'
                    'printf \'#!/bin/sh\\necho "pip $*" >> "$CALLS"\\n\' > .venv/bin/pip\n'
@@ -58,6 +60,7 @@ def node(tmp_path):
         return path.read_text().splitlines() if path.exists() else []
 
     run.calls, run.shared, run.home, run.fstab = calls, shared, home, tmp_path / "fstab"
+    run.env, run.script = env, scripts / "node-setup.sh"
     return run
 
 
@@ -100,6 +103,20 @@ def test_a_worker_whose_torch_cannot_use_the_gpu_fails_and_records_it(node):
     result = node("worker", TORCH_RC="1")
     assert result.returncode != 0 and "at step 'check that torch uses the GPU'" in result.stderr
     assert len((node.shared / "cluster" / "worker-setup-failures.log").read_text().splitlines()) == 1
+
+
+def test_a_worker_whose_mount_fails_says_why_and_prints_the_record_the_head_counts(node):
+    result = node("worker", MOUNT_FAILS="1", NODE_NAME="ip-10-0-1-7")
+    assert result.returncode != 0
+    assert f"at step 'mount the EFS volume {EFS} at {node.shared}'" in result.stderr
+    assert "does its security group accept NFS (TCP 2049)" in result.stderr
+    assert node.calls().count("sleep 10") == 6 and not any(c.startswith(("nvidia-smi", "pip")) for c in node.calls())
+    # nothing on the unmounted volume's place; the record goes to stderr, which the autoscaler logs on the head
+    assert not (node.shared / "cluster").exists()
+    (record,) = [line for line in result.stderr.splitlines() if line.startswith("rerank-lab setup failure record: ")]
+    stamp, _, host, rest = record.removeprefix("rerank-lab setup failure record: ").split(" ", 3)
+    assert abs(int(stamp) - time.time()) < 60 and host == "ip-10-0-1-7"
+    assert rest == f"step 'mount the EFS volume {EFS} at {node.shared}' exit 1"
 
 
 def test_after_three_recent_failures_a_worker_refuses_at_once(node):
