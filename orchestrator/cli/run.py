@@ -105,8 +105,8 @@ def dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.execution import check_ray_address
     from orchestrator.core.interrupts import Interrupted, interruptible
+    from orchestrator.core.ray_address import check_ray_address
     from orchestrator.core.tracking import open_tracker
     from orchestrator.lifecycle.preparation import refuse_configuration_problems
     from orchestrator.lifecycle.run import run_trial
