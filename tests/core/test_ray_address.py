@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from orchestrator.core import execution, ray_address
 from orchestrator.core.ray_address import ray_address_to_join
@@ -107,3 +108,18 @@ def test_a_private_ray_leaves_no_auth_token_behind(tmp_path):
         assert not (home / ".ray" / "auth_token").exists()
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_the_clusters_set_one_auth_mode_on_head_workers_and_driver():
+    """Token auth alike everywhere: a head that enables it while workers do not never gets workers."""
+    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in config[key] if "bin/ray start " in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=disabled " in c for c in starts), starts
+    assert "export RAY_AUTH_MODE=disabled' >> ~/.bashrc" in "\n".join(config["head_start_ray_commands"])  # the driver's shells
+    manifest = next(d for d in yaml.safe_load_all((REPO / "k8s" / "raycluster.yaml").read_text())
+                    if d and d.get("kind") == "RayCluster")["spec"]
+    pods = [manifest["headGroupSpec"], *manifest["workerGroupSpecs"]]
+    ray_containers = [c for pod in pods for c in pod["template"]["spec"]["containers"] if c["name"].startswith("ray-")]
+    assert len(ray_containers) == 1 + len(manifest["workerGroupSpecs"])
+    for container in ray_containers:  # the head's container is also where `kubectl exec` runs the driver
+        assert {"name": "RAY_AUTH_MODE", "value": "disabled"} in container["env"], container["name"]
