@@ -20,7 +20,7 @@ import yaml
 from orchestrator.core.ray_address import describe_joined, free_port, ray_address_to_join
 from orchestrator.core.schema import OBJECTIVE
 from workloads.core.errors import InputError
-from workloads.core.logs import LEVEL_ENV
+from workloads.core.logs import LEVEL_ENV, get_logger
 from workloads.core.logs import configure as configure_logging
 from workloads.core.paths import CACHE_DIR_ENV, DATA_DIR_ENV, cache_dir, data_dir
 from workloads.kinds import TRIAL_KINDS, kind_of
@@ -127,7 +127,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     global joined_cluster
     joined_cluster = address
     if address:
-        logger.info("%s", describe_joined(address))
+        get_logger("ray").info("%s", describe_joined(address))  # the project's log: said at the default level
     if port is not None and not str(context.dashboard_url or "").endswith(f":{port}"):
         logger.warning("Ray's dashboard did not start on port %d (%s): Ray Train may wait on a stale "
                        "cluster address at the end of each trial", port, context.dashboard_url or "not started")

@@ -9,14 +9,11 @@ RAY_ADDRESS=local) asks for that private Ray even where a cluster runs.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from pathlib import Path
 
 from workloads.core.errors import InputError
-
-logger = logging.getLogger(__name__)
 
 RAY_CONNECT_TIMEOUT_SECONDS = 5.0
 LOCAL = "local"  # Ray's own word for "start a new Ray" (ray.init(address="local"))
