@@ -20,6 +20,12 @@ os.environ.setdefault("ORCHESTRATE_DATA_DIR", str(SHARED_DATA))
 for key, value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
                    "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(key, value)
+# A command that names no Ray joins the cluster `ray start` runs on this machine
+# (orchestrator.core.ray_address): in the suite that would be another test's cluster. Every
+# test gets a private Ray unless it names one; a test that starts Ray processes drops this
+# variable from their environment (their workers would inherit it); the executed cluster
+# guide unsets it, as a user's shell would not have it.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 
 @pytest.fixture(scope="session", autouse=True)

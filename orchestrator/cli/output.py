@@ -84,4 +84,5 @@ def add_storage(parser: argparse.ArgumentParser, default: str = ".orchestrate/sw
 
 def add_address(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", metavar="RAY",
-                        help="Ray cluster to run on, host:port or ray://host:port (default: $RAY_ADDRESS, else a local Ray)")
+                        help="Ray cluster to run on, host:port or ray://host:port; local: a private Ray on this machine "
+                             "(default: $RAY_ADDRESS, else the cluster `ray start` runs on this machine, else a private Ray)")

@@ -106,8 +106,9 @@ def dry_run(config: str, experiment: str, specs, as_json: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.execution import check_ray_address, input_error_in
+    from orchestrator.core.execution import input_error_in
     from orchestrator.core.interrupts import Interrupted, interruptible
+    from orchestrator.core.ray_address import check_ray_address
     from orchestrator.core.ray_output import RUN_LOG, ray_output_to
     from orchestrator.core.tracking import open_tracker
     from orchestrator.lifecycle.preparation import refuse_configuration_problems

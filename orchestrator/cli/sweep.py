@@ -42,7 +42,7 @@ DRY_RUN_ONLY = {"--device": "device", "--throughput": "throughput", "--price-per
 
 def run(args: argparse.Namespace) -> int:
     from orchestrator.core.cluster_python import check_driver_python
-    from orchestrator.core.execution import check_ray_address
+    from orchestrator.core.ray_address import check_ray_address
     from orchestrator.core.tracking import check_tracking_uri, open_tracker
     from orchestrator.sweep.dry_run import dry_run
     from orchestrator.sweep.grid import load_sweep
@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.sweep.grid import sweep_specs
 
         require_staged(sweep_specs(sweep), args.config)  # an unknown index name, a file the workers cannot read
-        check_ray_address(args.address)
-        check_driver_python(args.address)
+        joins = check_ray_address(args.address)  # the cluster running here when none is named
+        check_driver_python(joins or "local")
         check_tracking_uri(args.tracking_uri)
         claim_store(paths.root, sweep.name)  # created and marked; a user's folder of the sweep's name is refused
         tracker = open_tracker(args.tracking_uri)

@@ -9,7 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
-from orchestrator.core.execution import RAY_CONNECT_TIMEOUT_SECONDS
+from orchestrator.core.ray_address import RAY_CONNECT_TIMEOUT_SECONDS
 from workloads.core.errors import InputError
 
 # The cluster's Python (major.minor), one setting: what cluster/node-setup.sh installs on every node

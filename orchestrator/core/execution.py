@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 import yaml
 
 from orchestrator.core import ray_output
+from orchestrator.core.ray_address import describe_joined, free_port, ray_address_to_join
 from orchestrator.core.schema import OBJECTIVE
 from workloads.core.errors import InputError
 from workloads.core.logs import LEVEL_ENV, get_logger
@@ -53,6 +53,13 @@ PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT"
 # Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
 # orchestrator.sweep.tune); passed to Ray workers when set, never set in production.
 TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
+# A test switch (tests/sweep/test_cluster_guide.py): a trial placed on a GPU a test node only
+# declares trains on this device, torch.distributed on gloo; read on the driver, never set in production.
+FAKE_GPU_DEVICE_ENV = "ORCHESTRATE_FAKE_GPU_DEVICE"
+
+
+# Ray's token authentication switch (ray/_private/authentication/authentication_token_setup.py).
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 def set_environment_defaults() -> None:
@@ -79,8 +86,13 @@ def worker_env() -> dict[str, str]:
             if k in os.environ}
 
 
+# The cluster init_ray joined (None: a private Ray it started): what check_resources' advice fits.
+joined_cluster: str | None = None
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Connect to ``address`` (or $RAY_ADDRESS), else start a local Ray on this machine."""
+    """Join the Ray cluster ``address`` names ($RAY_ADDRESS, else the one running on this
+    machine), else start a private Ray on this machine (``local``: always a private one)."""
     import ray
 
     ray_output.attach()  # inside `run`: Ray's own output from here on to run.log (before ray.init's own lines)
@@ -89,20 +101,21 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     set_environment_defaults()
     pin_storage_paths()
     env_vars = worker_env()
-    address = address or os.environ.get("RAY_ADDRESS")
-    # The dashboard process serves the State API that Train V2's PlacementGroupCleaner polls;
-    # without it the driver log fills with "State API may be temporarily unavailable".
-    # address="local" starts a fresh Ray: plain ray.init() would attach to any cluster a
-    # `ray start` left running on this machine.
+    address = ray_address_to_join(address)
     kwargs = {"address": address} if address else {"address": "local", "num_cpus": num_cpus}
     port = None
     if not address:
-        # Every trial's PlacementGroupCleaner asks the State API whether its controller lives.
-        # Unaddressed, the State API looks for the cluster in /tmp/ray/ray_current_cluster,
-        # which a `ray start` cluster that died without `ray stop` leaves behind: it then waits
-        # on a dead address and every Train V2 fit ended 12 s late (the cleaner's stop timeout;
+        # No token auth for a private Ray (as before Ray 2.59): with RAY_AUTH_MODE unset Ray 2.60's
+        # ray.init turns it on and writes ~/.ray/auth_token (ray/_private/worker.py), which a later
+        # `ray start --head` here obeys and its workers do not (ray/scripts/scripts.py). An exported
+        # mode wins; a joined cluster's driver follows the cluster's token.
+        os.environ.setdefault(AUTH_MODE_ENV, "disabled")
+        # The dashboard serves the State API whereby every trial's PlacementGroupCleaner asks
+        # whether its controller lives. Unaddressed, the State API looks for the cluster in
+        # ray_current_cluster, which beside a private Ray (--address local) names another one:
+        # it waited on that and every Train V2 fit ended 12 s late (the cleaner's stop timeout;
         # benchmarks/trial_overhead.py). Pin this Ray's dashboard port and point workers at it.
-        port = _free_port()
+        port = free_port()
         kwargs |= {"dashboard_host": "127.0.0.1", "dashboard_port": port}
         env_vars[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
     try:
@@ -112,31 +125,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             raise
         raise InputError(address or "ray", f"{' '.join(str(exc).split())}: run orchestrate from the cluster's Python "
                                            "(cluster/python-version) and Ray") from None
+    global joined_cluster
+    joined_cluster = address
+    if address:
+        get_logger("ray").info("%s", describe_joined(address))  # the project's log: said at the default level
     ray_output.attach()
     if port is not None and not str(context.dashboard_url or "").endswith(f":{port}"):
         logger.warning("Ray's dashboard did not start on port %d (%s): Ray Train may wait on a stale "
                        "cluster address at the end of each trial", port, context.dashboard_url or "not started")
-
-
-RAY_CONNECT_TIMEOUT_SECONDS = 5.0
-
-
-def check_ray_address(address: str | None) -> None:
-    """A Ray address that does not answer within seconds is one line (Ray's client would retry
-    its GCS connection for minutes). ``auto`` and no address at all need no check."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not address or address in ("auto", "local"):
-        return
-    hostport = address.removeprefix("ray://").rstrip("/")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise InputError(address, "not a Ray address (host:port, ray://host:port or auto)")
-    try:
-        with socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_SECONDS):
-            pass
-    except OSError as exc:
-        raise InputError(address, f"no Ray cluster answers there within {RAY_CONNECT_TIMEOUT_SECONDS:.0f} s "
-                                  f"({exc.strerror or exc}): start it (ray start --head, ray up) or fix --address") from None
 
 
 def check_resources(spec) -> None:
@@ -156,8 +152,11 @@ def check_resources(spec) -> None:
         raise InputError(f"{spec.name}: resources.cpus_per_worker {spec.resources.cpus_per_worker:g}",
                          f"{where} has {cpus:g} CPUs: a worker could never start (lower cpus_per_worker)")
     if needed_gpu and gpus < 1:
-        raise InputError(f"{spec.name}: resources.use_gpu true", f"{where} has no GPU: a worker could never start "
-                                                                 "(use_gpu: auto uses one where there is one)")
+        # On a cluster the grid is meant for its GPU workers: "use_gpu: auto" would run it on the
+        # head's CPUs. On a private Ray (a laptop) running on the CPU is a choice to offer.
+        advice = ("check the cluster's GPU worker types (`ray status` lists its nodes and their resources)"
+                  if joined_cluster else "use_gpu: auto uses one where there is one")
+        raise InputError(f"{spec.name}: resources.use_gpu true", f"{where} has no GPU: a worker could never start ({advice})")
 
 
 def largest_node() -> dict:
@@ -317,12 +316,6 @@ def trial_capacity(spec) -> Capacity:
     return Capacity(max(1, slots // spec.resources.workers), source, config.get(UNREADABLE))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cluster_has_gpu() -> bool:
     """A live GPU, or one the autoscaler can start: GPU workers that scale from 0 have none yet
     when the first trial is made, and its trainer must still ask for one."""
@@ -332,6 +325,10 @@ def cluster_has_gpu() -> bool:
         return True
     return any(node.get("resources", {}).get("GPU", 0) > 0 and node.get("max_workers", 1) > 0
                for node in _autoscaling_config().get("available_node_types", {}).values())
+
+
+def _gpu_device() -> str:
+    return os.environ.get(FAKE_GPU_DEVICE_ENV) or "cuda"
 
 
 def _use_gpu(spec) -> bool:
@@ -374,7 +371,7 @@ def _train_loop_per_worker(config: dict) -> None:
     restored = ray.train.get_checkpoint()
     if restored is not None:
         startup.clear()  # a restarted worker group: the time since submission includes the failed attempt
-    device = ray.train.torch.get_device()
+    device = torch.device(config["device"]) if "device" in config else ray.train.torch.get_device()
     if restored is None:
         kind.train(spec, inputs, report, device=device, **stop, **in_epoch)
     else:
@@ -426,15 +423,17 @@ def make_trainer(spec, inputs, storage_path: Path, run_name: str, callbacks: lis
     data-parallel workers, a checkpoint per epoch. With ``stop_file`` the training loop ends
     by itself, releasing its workers, once that file exists (a sweep's pruning decision)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     use_gpu = _use_gpu(spec)
+    fake = {"device": _gpu_device()} if use_gpu and _gpu_device() != "cuda" else {}
     resources = {"CPU": spec.resources.cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
     return TorchTrainer(
         _train_loop_per_worker,
         train_loop_config={"kind": kind_of(spec).name, "spec": spec.model_dump(mode="json"), "inputs": asdict(inputs),
                            "submitted_at": time.time(), "in_epoch_dir": str(in_epoch_dir(storage_path, run_name)),
-                           **({"stop_file": str(stop_file)} if stop_file is not None else {})},
+                           **({"stop_file": str(stop_file)} if stop_file is not None else {}), **fake},
+        torch_config=TorchConfig(backend="gloo") if fake else None,
         scaling_config=ScalingConfig(num_workers=spec.resources.workers, use_gpu=use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=run_name,
@@ -489,10 +488,11 @@ def submit_task(spec, function, *args, **kwargs):
     import ray
 
     use_gpu = _use_gpu(spec)
+    device = _gpu_device() if use_gpu else "cpu"
 
     @ray.remote(num_cpus=spec.resources.cpus_per_worker, num_gpus=1 if use_gpu else 0, max_retries=1)
     def task():
         configure_logging()
-        return function(*args, device=torch.device("cuda") if use_gpu else torch.device("cpu"), **kwargs)
+        return function(*args, device=torch.device(device), **kwargs)
 
     return task.remote()

@@ -72,6 +72,7 @@ def fake_autoscaling_cluster(tmp_path, monkeypatch):
     path = tmp_path / "cluster-local.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # loopback only (see test_cluster.two_node_cluster)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # tests/conftest.py's "local": not for the cluster's processes
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
     head = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=0",
                            f"--autoscaling-config={path}", "--dashboard-host=127.0.0.1",
@@ -171,6 +172,7 @@ def test_a_node_removed_mid_epoch_the_trial_resumes_on_another_from_its_in_epoch
     from ray.util.state import list_actors
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # tests/conftest.py's "local": not for the nodes' processes
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
@@ -308,6 +310,7 @@ def test_a_head_whose_autoscaler_is_out_of_reach_asks_for_a_setting_then_runs_at
     with --max-concurrent 2 it runs two trials at a time and says the limits were not read."""
     port = free_port()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # loopback only (see test_cluster.two_node_cluster)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # tests/conftest.py's "local": not for the cluster's processes
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     head = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=2",
                            "--no-monitor", "--dashboard-host=127.0.0.1", "--dashboard-port", str(free_port()),

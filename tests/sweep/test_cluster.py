@@ -65,6 +65,7 @@ def two_node_cluster(tmp_path, monkeypatch):
     # listens on loopback only, so the head, the worker and the drivers run without it.
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)  # tests/conftest.py's "local": not for the cluster's processes
     head = subprocess.run(ray + ["start", "--head", f"--port={port}", "--num-cpus=1", "--dashboard-host=127.0.0.1",
                                  "--dashboard-port", str(free_port()), "--disable-usage-stats"], capture_output=True, text=True, env=env)
     assert head.returncode == 0, head.stderr[-2000:]
