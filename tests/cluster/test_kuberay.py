@@ -88,6 +88,7 @@ def test_gpu_workers_autoscale_from_zero_with_the_shared_volume_and_the_nodes_en
         for container in spec["containers"]:
             assert {"name": "shared", "mountPath": "/mnt/shared"} in container["volumeMounts"]
         ray_container = spec["containers"][0]
-        assert {e["name"]: e["value"] for e in ray_container["env"]} == expected
+        # and the auth mode, alike everywhere (test_ray_address: head, workers and driver)
+        assert {e["name"]: e["value"] for e in ray_container["env"]} == expected | {"RAY_AUTH_MODE": "disabled"}
     mlflow = next(c for c in head["template"]["spec"]["containers"] if c["name"] == "mlflow")
     assert mlflow["command"][-1].endswith("cluster/mlflow-server.sh") and mlflow["readinessProbe"]["httpGet"]["port"] == 5000
