@@ -7,9 +7,16 @@ import ir_measures
 import pytest
 import pytrec_eval
 
-from workloads.evaluation import MEASURES, Evaluator, evaluate
+import workloads.evaluation as evaluation
+from workloads.evaluation import MEASURES, PRIMARY_METRIC, Evaluator, evaluate
 from workloads.evaluation.ranking import ranked_ids, strictly_ranked, top_of, trec_eval_order
-
+from workloads.evaluation.reranking import WEIGHT_GRID, interpolate, merge_with_first_stage, tune_weight
+from workloads.kinds.dense.hybrid import interpolate_runs, reciprocal_rank_fusion, tune_fusion_weight
+from workloads.kinds.ear.retrieval import best_rank
+from workloads.kinds.rerank.training_sets import ranked_ids as training_ranked
+from workloads.retrieval.bm25 import write_trec_rankings
+from workloads.retrieval.first_stage import top_k
+from workloads.retrieval.mining import MiningOptions, negative_pool
 
 TREC_EVAL_CUT_NAMES = {"P": "P", "R": "recall", "Success": "success"}
 
@@ -130,14 +137,6 @@ TREC_EVAL_RANKING = ["a", "b3", "b2", "b10", "c"]
 
 
 def test_every_ranking_the_project_writes_or_cuts_is_in_trec_evals_order(tmp_path):
-    from workloads.evaluation.reranking import merge_with_first_stage
-    from workloads.kinds.dense.hybrid import interpolate_runs, reciprocal_rank_fusion
-    from workloads.kinds.ear.retrieval import best_rank
-    from workloads.kinds.rerank.training_sets import ranked_ids as training_ranked
-    from workloads.retrieval.bm25 import write_trec_rankings
-    from workloads.retrieval.first_stage import top_k
-    from workloads.retrieval.mining import MiningOptions, negative_pool
-
     path = tmp_path / "run.trec"
     write_trec_rankings([("q", TIED)], path, "t", k=3)
     assert [line.split()[2] for line in path.read_text().splitlines()] == TREC_EVAL_RANKING[:3]  # the cut keeps b3, b2
@@ -153,10 +152,6 @@ def test_every_ranking_the_project_writes_or_cuts_is_in_trec_evals_order(tmp_pat
 
 
 def test_a_weight_search_builds_one_evaluator_and_finds_what_one_per_weight_finds(monkeypatch):
-    import workloads.evaluation as evaluation
-    from workloads.evaluation import PRIMARY_METRIC
-    from workloads.evaluation.reranking import WEIGHT_GRID, interpolate, merge_with_first_stage, tune_weight
-    from workloads.kinds.dense.hybrid import interpolate_runs, tune_fusion_weight
 
     rng = random.Random(5)
     dense = {f"q{q}": {f"d{d}": round(rng.random(), 1) for d in range(30)} for q in range(12)}
