@@ -17,6 +17,7 @@ from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
 from workloads.core.paths import stable_key
 from workloads.data.identity import collection_identity
+from workloads.evaluation.ranking import TIE_ORDER
 from workloads.kinds import kind_of
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,16 @@ def _first_stage_file(first_stage) -> str:
 
 def training_data_identity(spec) -> str:
     """The identity of the data a trial trains and validates on (its collection's files, a run
-    file it reads), recorded on its run: a finished trial is reused only for the same data."""
-    return stable_key(collection_identity(spec.data.collection), _first_stage_file(getattr(spec, "first_stage", None)))
+    file it reads, the order its rankings are cut and measured in), recorded on its run: a finished
+    trial is reused only for the same data."""
+    return stable_key(collection_identity(spec.data.collection), _first_stage_file(getattr(spec, "first_stage", None)),
+                      TIE_ORDER)
 
 
 def test_data_identity(evaluation_targets: Sequence) -> str:
-    """The identity of the data of every target (collections and their first stages' files)."""
-    parts = []
+    """The identity of the data of every target (collections and their first stages' files) and
+    of the order its rankings are cut and measured in."""
+    parts: list = [TIE_ORDER]
     for target in evaluation_targets:
         data = target.spec.data
         parts += [collection_identity(data.test_collection or data.collection), data.test_split,

@@ -1,5 +1,10 @@
 """Evaluation with ir_measures (trec_eval-equivalent: pytrec_eval underneath).
 
+Every run is measured in trec_eval's order (score descending, ties by document id descending:
+:mod:`workloads.evaluation.ranking`): its ties are broken before ir_measures sees it, because
+not every ir_measures provider breaks them as trec_eval does (RR@k's orders them by ascending
+id). Each measure of :data:`MEASURES` equals pytrec_eval's on runs with ties (a test per measure).
+
 nDCG uses the graded judgements as gains. Binary measures (AP, RR, P) count a document as
 relevant when its grade is >= the collection's ``relevance_level`` (1 for BEIR, 2 for
 TREC-DL, as trec_eval's ``-l``).
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 import ir_measures
 
 from workloads.data.collections import Qrels
+from workloads.evaluation.ranking import strictly_ranked
 
 Run = dict[str, dict[str, float]]
 
@@ -81,21 +87,34 @@ def validation_values(evaluation: Evaluation) -> dict:
             **({SELECTION_PER_QUERY: [per_query[q] for q in sorted(per_query)]} if per_query else {})}
 
 
-def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = RERANKING_MEASURES) -> Evaluation:
-    """Score ``run`` against ``qrels``; queries judged but absent from the run score 0.
+class Evaluator:
+    """The measures ``metrics`` on ``qrels`` at ``relevance_level``, built once (ir_measures reads
+    the qrels once) and called on as many runs as needed: a weight search scores 21 runs on one."""
 
-    Queries without any judgement are ignored (trec_eval's default); queries judged but
-    with no retrieved document count as 0, so a run that drops queries cannot look better.
-    """
-    parsed = {name: ir_measures.parse_measure(MEASURES[name].format(rel=relevance_level)) for name in metrics}
-    by_measure = {measure: name for name, measure in parsed.items()}
-    per_query: dict[str, dict[str, float]] = {name: {qid: 0.0 for qid in qrels} for name in metrics}
-    judged_run = {qid: docs for qid, docs in run.items() if qid in qrels}
-    for metric in ir_measures.iter_calc(list(parsed.values()), qrels, judged_run):
-        per_query[by_measure[metric.measure]][metric.query_id] = float(metric.value)
-    n = len(qrels)
-    aggregate = {name: (mean_of(values.values()) if n else 0.0) for name, values in per_query.items()}
-    return Evaluation(aggregate=aggregate, per_query=per_query, relevance_level=relevance_level, num_queries=n)
+    def __init__(self, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = RERANKING_MEASURES):
+        parsed = {name: ir_measures.parse_measure(MEASURES[name].format(rel=relevance_level)) for name in metrics}
+        self._by_measure = {measure: name for name, measure in parsed.items()}
+        self._evaluator = ir_measures.evaluator(list(parsed.values()), qrels)
+        self.qrels, self.relevance_level, self.metrics = qrels, relevance_level, metrics
+
+    def __call__(self, run: Run) -> Evaluation:
+        """Score ``run``; queries judged but absent from the run score 0.
+
+        Queries without any judgement are ignored (trec_eval's default); queries judged but
+        with no retrieved document count as 0, so a run that drops queries cannot look better.
+        """
+        per_query: dict[str, dict[str, float]] = {name: {qid: 0.0 for qid in self.qrels} for name in self.metrics}
+        judged_run = strictly_ranked({qid: docs for qid, docs in run.items() if qid in self.qrels and docs})
+        for metric in self._evaluator.iter_calc(judged_run):
+            per_query[self._by_measure[metric.measure]][metric.query_id] = float(metric.value)
+        n = len(self.qrels)
+        aggregate = {name: (mean_of(values.values()) if n else 0.0) for name, values in per_query.items()}
+        return Evaluation(aggregate=aggregate, per_query=per_query, relevance_level=self.relevance_level, num_queries=n)
+
+
+def evaluate(run: Run, qrels: Qrels, relevance_level: int = 1, metrics: tuple[str, ...] = RERANKING_MEASURES) -> Evaluation:
+    """Score ``run`` against ``qrels`` (see :class:`Evaluator`, built here for this one run)."""
+    return Evaluator(qrels, relevance_level, metrics)(run)
 
 
 def format_metrics(aggregate: dict[str, float]) -> str:

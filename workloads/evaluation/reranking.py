@@ -22,7 +22,8 @@ import torch
 
 from workloads.core.logs import get_logger
 from workloads.data.collections import Qrels
-from workloads.evaluation import PRIMARY_METRIC, Evaluation, evaluate
+from workloads.evaluation import PRIMARY_METRIC, Evaluation, Evaluator, evaluate
+from workloads.evaluation.ranking import trec_eval_order
 from workloads.models.cross_encoder import CrossEncoder, score_pairs
 
 Run = dict[str, dict[str, float]]
@@ -67,7 +68,7 @@ def merge_with_first_stage(reranked: Run, first_stage: Run) -> Run:
     for qid in set(reranked) | set(first_stage):
         top = dict(reranked.get(qid, {}))
         floor = min(top.values(), default=0.0)
-        rest = sorted(((d, s) for d, s in first_stage.get(qid, {}).items() if d not in top), key=lambda x: (-x[1], x[0]))
+        rest = [(d, s) for d, s in trec_eval_order(first_stage.get(qid, {})) if d not in top]
         for position, (docid, _) in enumerate(rest, 1):
             top[docid] = floor - position
         merged[qid] = top
@@ -104,12 +105,14 @@ def interpolate(reranked: Run, first_stage: Run, weight: float) -> Run:
 def tune_weight(reranked: Run, first_stage: Run, qrels: Qrels, relevance_level: int) -> float:
     """The grid weight whose final ranking has the best nDCG@10 on these (validation) queries.
 
-    Ties keep the larger weight: the ranking closer to the plain re-ranker.
+    Ties keep the larger weight: the ranking closer to the plain re-ranker. One evaluator scores
+    every weight (built per weight, it read the qrels 21 times).
     """
+    evaluator = Evaluator(qrels, relevance_level, (PRIMARY_METRIC,))
     best_weight, best_value = 1.0, float("-inf")
     for weight in sorted(WEIGHT_GRID, reverse=True):
         fused = merge_with_first_stage(interpolate(reranked, first_stage, weight), first_stage)
-        value = evaluate(fused, qrels, relevance_level, (PRIMARY_METRIC,)).aggregate[PRIMARY_METRIC]
+        value = evaluator(fused).aggregate[PRIMARY_METRIC]
         if value > best_value:
             best_weight, best_value = weight, value
     return best_weight

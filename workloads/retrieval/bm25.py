@@ -26,6 +26,7 @@ from workloads.core.errors import InputError
 from workloads.core.logs import get_logger
 from workloads.core.paths import atomic_path, cache_dir, exclusive, stable_key
 from workloads.data.collections import Collection
+from workloads.evaluation.ranking import TIE_ORDER, trec_eval_order
 
 # (where the jar is and which prebuilt index a collection has: read without Java, re-exported here)
 from workloads.retrieval.prebuilt import BUILD, PREBUILT, anserini_jar, check_prebuilt_index, prebuilt_index_name
@@ -192,17 +193,17 @@ def _where(source: Path, line_no: int | None) -> str:
 
 
 def write_trec_run(run: Run, path: Path, tag: str) -> None:
-    """Write a TREC run, queries in id order, ranks by descending score (ties by doc id, as
-    trec_eval orders them)."""
+    """Write a TREC run, queries in id order, each ranked as trec_eval orders it (score descending,
+    ties by doc id descending: :func:`~workloads.evaluation.ranking.trec_eval_order`)."""
     write_trec_rankings(((qid, run[qid]) for qid in sorted(run)), path, tag)
 
 
 def write_trec_rankings(rankings: Iterable[tuple[str, dict[str, float]]], path: Path, tag: str, k: int | None = None) -> None:
     """Write (query id, doc id -> score) rankings as a TREC run in the order given, each cut to its
-    top ``k``: a run streamed one query at a time is never held whole."""
+    top ``k`` in trec_eval's order: a run streamed one query at a time is never held whole."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
         for qid, docs in rankings:
-            ranked = sorted(docs.items(), key=lambda item: (-item[1], item[0]))[:k]
+            ranked = trec_eval_order(docs)[:k]
             for rank, (docid, score) in enumerate(ranked, 1):
                 out.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
 
@@ -249,7 +250,7 @@ def retrieved_run(
     index_path = prebuilt or str(build_index(collection, threads=threads, docvectors=rm3 is not None) / "lucene")
     threads = threads or available_cpus()  # every CPU the process was given: the ranking is the same
     key = stable_key(collection.fingerprint, sorted(queries.items()), k, params, *((PREBUILT, prebuilt) if prebuilt else ()),
-                     *((rm3,) if rm3 is not None else ()))  # (BM25 runs keep the keys they had)
+                     *((rm3,) if rm3 is not None else ()), TIE_ORDER)  # (every reader orders and cuts the run so)
     run_path = cache_dir() / "runs" / f"{'rm3' if rm3 is not None else 'bm25'}-{key}.trec"
     if run_path.exists() and run_path.stat().st_size:  # (an empty run cached by an older version is searched again)
         return run_path

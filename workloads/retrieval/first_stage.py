@@ -40,6 +40,7 @@ from workloads.core.paths import cache_dir, stable_key
 from workloads.data.collections import Collection
 from workloads.data.identity import local_directory, remembered_file_hash
 from workloads.data.irds import scored_documents
+from workloads.evaluation.ranking import TIE_ORDER, top_of
 from workloads.retrieval.bm25 import (
     BM25Params,
     RM3Params,
@@ -108,17 +109,18 @@ def _query_blocks(path: Path) -> dict[str, list[tuple[int, int]]]:
 
 
 def top_k(run: Run, queries: dict[str, str], k: int) -> Run:
+    """Each asked query's top ``k`` in trec_eval's order (a tie at the cut is cut as trec_eval ranks it)."""
     out = {}
     for qid in queries:
-        docs = sorted(run.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))[:k]
+        docs = top_of(run.get(qid, {}), k)
         if docs:
-            out[qid] = dict(docs)
+            out[qid] = docs
     return out
 
 
 def cached_run(make: Callable[[], Run], kind: str, *key_parts: object) -> Path:
     """The run cached under these key parts; ``make`` computes it only when it is not cached."""
-    path = cache_dir() / "runs" / f"{kind}-{stable_key(*key_parts)}.trec"
+    path = cache_dir() / "runs" / f"{kind}-{stable_key(*key_parts, TIE_ORDER)}.trec"
     if not path.exists():
         write_trec_run(make(), path, kind)
     return path
@@ -160,7 +162,7 @@ def run_file(collection: Collection, split: str, queries: dict[str, str], k: int
 
 
 def scoreddocs(collection: Collection, split: str, queries: dict[str, str], k: int, spec) -> Path:
-    path = cache_dir() / "runs" / f"scoreddocs-{stable_key(collection.name.strip('/'), split, sorted(queries), k)}.trec"
+    path = cache_dir() / "runs" / f"scoreddocs-{stable_key(collection.name.strip('/'), split, sorted(queries), k, TIE_ORDER)}.trec"
     if not path.exists():
         write_trec_rankings(_grouped(scored_documents(collection.name, split), set(queries), collection.name), path,
                             "scoreddocs", k)

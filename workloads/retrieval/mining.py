@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workloads.core.errors import InputError
+from workloads.evaluation.ranking import trec_eval_order
 
 Run = dict[str, dict[str, float]]
 SAMPLINGS = ("random", "top")
@@ -68,7 +69,7 @@ class MiningOptions:
 def negative_pool(candidates: dict[str, float], positive_scores: dict[str, float], relevant: set[str],
                   options: MiningOptions) -> list[tuple[str, float]]:
     """The (document, score) a query's negatives are chosen from, best first (steps 1-3 of the module doc)."""
-    ranked = sorted(((d, s) for d, s in candidates.items() if d not in relevant), key=lambda item: (-item[1], item[0]))
+    ranked = [(d, s) for d, s in trec_eval_order(candidates) if d not in relevant]
     pool = ranked[:options.depth]
     if positive_scores and (options.absolute_margin is not None or options.relative_margin is not None):
         hardest = min(positive_scores.values())

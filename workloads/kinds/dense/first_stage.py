@@ -28,6 +28,7 @@ from workloads.core.logs import get_logger
 from workloads.core.paths import cache_dir, stable_key
 from workloads.data.collections import Collection
 from workloads.data.identity import remembered_file_hash
+from workloads.evaluation.ranking import TIE_ORDER
 from workloads.kinds.dense.hybrid import RRF_K, interpolate_runs, reciprocal_rank_fusion, tune_fusion_weight
 from workloads.kinds.dense.index import HNSW_THRESHOLD, HNSWParams, chosen_method, search_store
 from workloads.kinds.dense.store import corpus_store
@@ -122,7 +123,8 @@ def retrieve_dense(collection: Collection, queries: dict[str, str], k: int, sour
                    index: str = "auto", threshold: int = HNSW_THRESHOLD, batch_size: int = 64, encoder=None) -> Path:
     """The top ``k`` documents of each query under the encoder at ``source`` (content ``identity``), cached;
     ``encoder``: that encoder already loaded (a miner's, called per chunk of queries)."""
-    key = stable_key(identity, collection.fingerprint, sorted(queries.items()), k, index, threshold, HNSWParams(), PRECISION)
+    key = stable_key(identity, collection.fingerprint, sorted(queries.items()), k, index, threshold, HNSWParams(), PRECISION,
+                     TIE_ORDER)
     path = cache_dir() / "runs" / f"dense-{key}.trec"
     if path.exists():
         return path
@@ -196,7 +198,7 @@ def hybrid(collection: Collection, split: str, queries: dict[str, str], k: int, 
         make = lambda: interpolate_runs(read_trec_run(dense_path), read_trec_run(lexical_path), weight, k)  # noqa: E731
     else:
         raise InputError("first_stage.fusion", f"unknown fusion '{fusion}' (choose from rrf, interpolation)")
-    path = cache_dir() / "runs" / f"hybrid-{stable_key(dense_path.stem, lexical_path.stem, parts, k)}.trec"
+    path = cache_dir() / "runs" / f"hybrid-{stable_key(dense_path.stem, lexical_path.stem, parts, k, TIE_ORDER)}.trec"
     if not path.exists():
         write_trec_run(make(), path, "hybrid")
     return path

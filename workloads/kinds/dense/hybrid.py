@@ -1,8 +1,8 @@
 """Fusing a dense run with a lexical one: reciprocal rank fusion and tuned interpolation.
 
 - **RRF** (Cormack, Clarke and Buettcher, SIGIR 2009): score(d) = sum over runs of
-  1 / (k + rank(d)), rank counted from 1 in each run (ties by document id, as trec_eval
-  orders them); a document a run does not retrieve adds nothing from it. k = 60, the paper's.
+  1 / (k + rank(d)), rank counted from 1 in each run (ties by document id, descending, as
+  trec_eval orders them: :mod:`workloads.evaluation.ranking`); a document a run does not retrieve adds nothing from it. k = 60, the paper's.
 - **Interpolation**: score(d) = w * dense(d) + (1 - w) * lexical(d), each run's scores
   min-max normalised per query over its own retrieved documents; a document one run does not
   retrieve gets that run's minimum (0). w is given, or tuned on judged queries: the weight of
@@ -16,19 +16,12 @@ Both return each query's fused ranking cut to ``k``.
 from __future__ import annotations
 
 from workloads.data.collections import Qrels
-from workloads.evaluation import PRIMARY_METRIC, evaluate
+from workloads.evaluation import PRIMARY_METRIC, Evaluator
+from workloads.evaluation.ranking import ranked_ids, top_of
 from workloads.evaluation.reranking import WEIGHT_GRID
 
 Run = dict[str, dict[str, float]]
 RRF_K = 60
-
-
-def _ranked(scores: dict[str, float]) -> list[str]:
-    return [doc for doc, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))]
-
-
-def _cut(scores: dict[str, float], k: int | None) -> dict[str, float]:
-    return {doc: scores[doc] for doc in _ranked(scores)[:k]}
 
 
 def reciprocal_rank_fusion(runs: list[Run], k: int | None = None, rrf_k: int = RRF_K) -> Run:
@@ -39,10 +32,10 @@ def reciprocal_rank_fusion(runs: list[Run], k: int | None = None, rrf_k: int = R
     for qid in sorted({q for run in runs for q in run}):
         scores: dict[str, float] = {}
         for run in runs:
-            for rank, doc in enumerate(_ranked(run.get(qid, {})), 1):
+            for rank, doc in enumerate(ranked_ids(run.get(qid, {})), 1):
                 scores[doc] = scores.get(doc, 0.0) + 1.0 / (rrf_k + rank)
         if scores:
-            fused[qid] = _cut(scores, k)
+            fused[qid] = top_of(scores, k)
     return fused
 
 
@@ -64,16 +57,17 @@ def interpolate_runs(dense: Run, lexical: Run, weight: float, k: int | None = No
         a, b = _min_max(dense.get(qid, {})), _min_max(lexical.get(qid, {}))
         scores = {doc: weight * a.get(doc, 0.0) + (1.0 - weight) * b.get(doc, 0.0) for doc in set(a) | set(b)}
         if scores:
-            fused[qid] = _cut(scores, k)
+            fused[qid] = top_of(scores, k)
     return fused
 
 
 def tune_fusion_weight(dense: Run, lexical: Run, qrels: Qrels, relevance_level: int = 1, k: int | None = None) -> tuple[float, float]:
-    """(weight, its nDCG@10) of the grid weight fusing best on ``qrels``' queries."""
+    """(weight, its nDCG@10) of the grid weight fusing best on ``qrels``' queries (one evaluator
+    scores every weight: built per weight, it read the qrels 21 times)."""
+    evaluator = Evaluator(qrels, relevance_level, (PRIMARY_METRIC,))
     best_weight, best_value = 1.0, float("-inf")
     for weight in sorted(WEIGHT_GRID, reverse=True):
-        fused = interpolate_runs(dense, lexical, weight, k)
-        value = evaluate(fused, qrels, relevance_level, (PRIMARY_METRIC,)).aggregate[PRIMARY_METRIC]
+        value = evaluator(interpolate_runs(dense, lexical, weight, k)).aggregate[PRIMARY_METRIC]
         if value > best_value:
             best_weight, best_value = weight, value
     return best_weight, best_value

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workloads.core.errors import InputError
+from workloads.evaluation.ranking import trec_eval_order
 from workloads.retrieval.mining import MinerMethod, MiningOptions, Run, choose_negatives, negative_pool
 
 NORMALISED_FOR_MINING = "mined-l2"  # keyed where an encoder that does not normalise mines
@@ -73,7 +74,7 @@ class CrossEncoderMiner:
             self._model = CrossEncoder.from_pretrained(self.checkpoint).to(inference_device())
         pairs: list[tuple[str, str, bool]] = []
         for qid in queries:
-            top = sorted(rankings.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))[:self.options.depth]
+            top = trec_eval_order(rankings.get(qid, {}))[:self.options.depth]
             pairs += [(qid, d, False) for d, _ in top] + [(qid, d, True) for d in positives.get(qid, [])]
         scores = score_pairs(self._model, [queries[q] for q, _, _ in pairs],
                              [self.collection.document(d).contents for _, d, _ in pairs], batch_size=self.batch_size,

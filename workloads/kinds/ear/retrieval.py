@@ -12,6 +12,7 @@ import dataclasses
 
 from workloads.core.errors import InputError
 from workloads.data.collections import Collection, Qrels
+from workloads.evaluation.ranking import trec_eval_order
 from workloads.kinds.ear.sources import Expansions
 from workloads.retrieval.bm25 import BM25Params, RM3Params, read_trec_run, retrieved_run
 
@@ -44,7 +45,7 @@ def expansion_runs(collection: Collection, queries: dict[str, str], expanded: Ex
         rankings = []
         for i in range(len(expanded[qid])):
             hits = run.get(f"{qid}{SEPARATOR}{i}", {})
-            ordered = sorted(hits.items(), key=lambda item: (-item[1], item[0]))
+            ordered = trec_eval_order(hits)
             kept = [(d, s) for d, s in ordered if not (params.exclude_query_id and d == qid)][:depth]
             rankings.append(dict(kept))
         out[qid] = rankings
@@ -53,7 +54,7 @@ def expansion_runs(collection: Collection, queries: dict[str, str], expanded: Ex
 
 def best_rank(ranking: dict[str, float], judged: dict[str, int], relevance_level: int, max_rank: int) -> int:
     """The rank (1 = top) of the first relevant document of ``ranking``; ``max_rank`` when it has none."""
-    ordered = sorted(ranking.items(), key=lambda item: (-item[1], item[0]))
+    ordered = trec_eval_order(ranking)
     return next((rank for rank, (doc_id, _) in enumerate(ordered, 1) if judged.get(doc_id, 0) >= relevance_level),
                 max_rank)
 

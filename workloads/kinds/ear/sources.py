@@ -34,6 +34,7 @@ from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.core.seeds import derived_seed
 from workloads.data.collections import Collection
 from workloads.data.identity import remembered_file_hash
+from workloads.evaluation.ranking import TIE_ORDER, trec_eval_order
 from workloads.retrieval.bm25 import read_trec_run, retrieved_run
 from workloads.text.sentences import SPLITTER_VERSION, split_sentences
 from workloads.text.tokens import tokenize
@@ -51,7 +52,7 @@ def pseudo_relevance(collection: Collection, queries: dict[str, str], spec) -> E
     run = read_trec_run(retrieved_run(collection, queries, k=spec.feedback_docs))
     out: Expansions = {}
     for qid, text in queries.items():
-        top = sorted(run.get(qid, {}).items(), key=lambda item: (-item[1], item[0]))[:spec.feedback_docs]
+        top = trec_eval_order(run.get(qid, {}))[:spec.feedback_docs]
         documents = [collection.document(doc_id) for doc_id, _ in top]
         titles = [" ".join(d.title.split()) for d in documents if d.title.strip()]
         sentences = [s for d in documents for s in split_sentences(d.text)]
@@ -184,8 +185,10 @@ def expansions(collection: Collection, queries: dict[str, str], spec) -> Expansi
     spec, the file's content): computed once, read back after."""
     if not queries:
         raise InputError(collection.name, "no queries to expand")
+    # pseudo-relevance feedback reads a ranking's top: its expansions move with the order (generated ones keep their keys)
+    ordered = (TIE_ORDER,) if spec.source == "pseudo_relevance" else ()
     key = stable_key(collection.fingerprint, sorted(queries.items()), spec.model_dump_json(), source_content(spec),
-                     f"sentences-v{SPLITTER_VERSION}")
+                     f"sentences-v{SPLITTER_VERSION}", *ordered)
     path = cache_dir() / "expansions" / f"{spec.source}-{key}.json"
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))

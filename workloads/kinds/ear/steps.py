@@ -34,6 +34,7 @@ from workloads.data.collections import Collection, Qrels
 from workloads.data.parquet_rows import write_rows
 from workloads.data.resolve import resolve_collection
 from workloads.evaluation import AGGREGATE_VERSION, RETRIEVAL_MEASURES, Evaluation, evaluate
+from workloads.evaluation.ranking import TIE_ORDER, ranked_ids
 from workloads.evaluation.reranking import Reranking
 from workloads.kinds.ear.retrieval import SYSTEMS, best_rank, expansion_runs, unchosen_systems
 from workloads.kinds.ear.sources import expansions, source_content
@@ -88,7 +89,7 @@ def _split_files(collection: Collection, role: str, queries: dict[str, str], qre
     judged = sorted((q, sorted(d.items())) for q, d in qrels.items() if q in queries)
     key = stable_key(collection.fingerprint, role, sorted(queries.items()), judged, collection.relevance_level,
                      spec.expansion.model_dump_json(), source_content(spec.expansion), spec.bm25.model_dump_json(),
-                     spec.ear.depth, f"sentences-v{SPLITTER_VERSION}")
+                     spec.ear.depth, f"sentences-v{SPLITTER_VERSION}", TIE_ORDER)
     directory = cache_dir() / "ear-data"
     rows_path, rankings_path = directory / f"{role}-{key}.rows.parquet", directory / f"{role}-{key}.rankings.parquet"
     if rows_path.exists() and rankings_path.exists():
@@ -100,7 +101,7 @@ def _split_files(collection: Collection, role: str, queries: dict[str, str], qre
     def top_document(ranking: dict[str, float]) -> str:
         if not ranking:
             return ""
-        doc_id = min(ranking.items(), key=lambda item: (-item[1], item[0]))[0]
+        doc_id = ranked_ids(ranking)[0]
         if doc_id not in documents:
             documents[doc_id] = collection.document(doc_id).contents[:DOCUMENT_CHARACTERS]
         return documents[doc_id]
@@ -130,7 +131,7 @@ def _systems(collection: Collection, queries: dict[str, str], qrels: Qrels, spec
     judged = sorted((q, sorted(d.items())) for q, d in qrels.items())
     key = stable_key(collection.fingerprint, sorted(queries.items()), judged, spec.expansion.model_dump_json(),
                      source_content(spec.expansion), spec.bm25.model_dump_json(), spec.ear.depth, RETRIEVAL_MEASURES,
-                     f"sentences-v{SPLITTER_VERSION}", f"aggregate-v{AGGREGATE_VERSION}")
+                     f"sentences-v{SPLITTER_VERSION}", f"aggregate-v{AGGREGATE_VERSION}", TIE_ORDER)
     path = cache_dir() / "ear-data" / f"systems-{key}.json"
     if path.exists():
         return {name: Evaluation(**value) for name, value in json.loads(path.read_text()).items()}

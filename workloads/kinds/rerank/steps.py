@@ -21,6 +21,7 @@ from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.data.collections import Collection, Qrels
 from workloads.data.resolve import resolve_collection
 from workloads.evaluation import AGGREGATE_VERSION, MEASURES, Evaluation, evaluate
+from workloads.evaluation.ranking import TIE_ORDER
 from workloads.evaluation.reranking import Reranking, rerank_and_evaluate
 from workloads.kinds.rerank.augmentation import build_augmentation_sets, rows_without_sentences
 from workloads.kinds.rerank.augmentation.scorers import SUPERVISED_METHODS
@@ -60,7 +61,8 @@ def first_stage_evaluation(first_stage: FirstStageRun, qrels: Qrels, relevance_l
     """The first stage's evaluation on these judgements, computed once and stored (JSON keeps every
     float exactly): a warm preparation reads neither the run nor ir_measures again."""
     judged = sorted((q, sorted(docs.items())) for q, docs in qrels.items())
-    key = stable_key(judged, relevance_level, sorted(MEASURES.items()), ir_measures.__version__, f"aggregate-v{AGGREGATE_VERSION}")
+    key = stable_key(judged, relevance_level, sorted(MEASURES.items()), ir_measures.__version__, f"aggregate-v{AGGREGATE_VERSION}",
+                     TIE_ORDER)
     path = cache_dir() / "evaluations" / f"{first_stage.key}-{key}.json"
     if path.exists():
         return Evaluation(**json.loads(path.read_text()))

@@ -45,6 +45,7 @@ from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.core.seeds import derived_seed
 from workloads.data.collections import Collection, Qrels
 from workloads.data.parquet_rows import write_rows
+from workloads.evaluation.ranking import TIE_ORDER, ranked_ids
 from workloads.retrieval.first_stage import FirstStageRun
 from workloads.retrieval.mining import choose_negatives, negative_pool
 
@@ -96,10 +97,6 @@ def capped_validation_queries(query_ids: list[str], cap: int | None) -> list[str
     return sorted(random.Random(derived_seed("validation-cap", cap)).sample(ordered, cap))
 
 
-def ranked(docs: dict[str, float]) -> list[str]:
-    return [d for d, _ in sorted(docs.items(), key=lambda item: (-item[1], item[0]))]
-
-
 def drawable_queries(query_ids: Iterable[str], qrels: Qrels, relevance_level: int) -> list[str]:
     """The queries that can yield a training row: those with a judged-relevant document. The
     others draw nothing and add no triple (:func:`sample_triples`): they need no retrieval."""
@@ -118,7 +115,7 @@ def _query_triples(qid: str, ranking: dict[str, float], grades: dict[str, int], 
     """One query's triples: each judged-relevant document of its top-``depth`` with negatives
     drawn from the rest of that top (the draws of every training set, in this order)."""
     counts.judged += sum(1 for g in grades.values() if g >= relevance_level)
-    top = ranked(ranking)[:depth]
+    top = ranked_ids(ranking)[:depth]
     positives = [d for d in top if grades.get(d, 0) >= relevance_level]
     pool = [d for d in top if grades.get(d, 0) < relevance_level]
     counts.retrieved += len(positives)
@@ -148,7 +145,7 @@ def _mined_triples(rankings: Iterable[tuple[str, dict[str, float]]], queries: di
         for qid, ranking in chunk.items():
             grades = qrels.get(qid, {})
             counts.judged += sum(1 for g in grades.values() if g >= relevance_level)
-            positives[qid] = [d for d in ranked(ranking)[:depth] if grades.get(d, 0) >= relevance_level]
+            positives[qid] = [d for d in ranked_ids(ranking)[:depth] if grades.get(d, 0) >= relevance_level]
             counts.retrieved += len(positives[qid])
         scored = miner.score({q: queries[q] for q in chunk}, chunk, positives)
         found = []
@@ -323,7 +320,7 @@ def build_training_set(
         run_key = (first_stage.key,)
     mined = () if miner is None else ("mined", miner.key, miner.options)
     key = stable_key(collection.fingerprint, split, sorted(query_ids), *run_key, depth, size, seed,
-                     *((negatives,) if negatives > 1 else ()), *mined)
+                     *((negatives,) if negatives > 1 else ()), *mined, TIE_ORDER)
     path = cache_dir() / "training" / f"{collection.name.replace('/', '_')}-{split}-{size}-s{seed}-{key}.parquet"
     if path.exists():
         stored = pq.read_schema(path).metadata or {}
@@ -370,13 +367,13 @@ CANDIDATE_SCHEMA = pa.schema([
 def build_candidates(collection: Collection, queries: dict[str, str], first_stage: FirstStageRun, depth: int) -> Path:
     """The top-``depth`` first-stage candidates of ``queries`` with their texts, for re-ranking."""
     # the texts, not only the ids: a perturbed query set has the same ids and other texts
-    key = stable_key(collection.fingerprint, sorted(queries.items()), first_stage.key, depth)
+    key = stable_key(collection.fingerprint, sorted(queries.items()), first_stage.key, depth, TIE_ORDER)
     path = cache_dir() / "candidates" / f"{collection.name.replace('/', '_')}-top{depth}-{key}.parquet"
     if path.exists():
         return path
     def rows():
         for qid, docs in first_stage.rankings(sorted(queries)):  # one query's ranking at a time
-            for rank, doc_id in enumerate(ranked(docs)[:depth], 1):
+            for rank, doc_id in enumerate(ranked_ids(docs)[:depth], 1):
                 yield {"query_id": qid, "query": queries[qid], "doc_id": doc_id,
                        "doc": collection.document(doc_id).contents, "first_stage_rank": rank,
                        "first_stage_score": docs[doc_id]}
