@@ -82,7 +82,7 @@ step="install the project into $repo/.venv"
 cd "$repo"
 test -x .venv/bin/python || "python$python_version" -m venv .venv
 # The wheelhouse: every wheel the project's pins resolve to, built once by the head on the shared
-# volume, so that a new or replacement worker installs in a minute without the registry
+# volume, so that a new or replacement worker installs without the registry
 # (docs/cluster.md, "How a worker starts fast"). It is complete only when COMPLETE holds this
 # key, written last; a wheelhouse without it (half built, or for another pyproject.toml) is never used.
 wheelhouse="$shared/wheelhouse/$python_version"
