@@ -89,10 +89,39 @@ fi
 step="install the project into $repo/.venv"
 cd "$repo"
 test -x .venv/bin/python || "python$python_version" -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-# torch==2.13.0 from PyPI is its CUDA 13.0 build (it requires cuda-toolkit==13.0.3): the GPU
-# workers' driver must be 580 or newer (cluster/gpu-check.sh checked it above).
-if [[ "$role" == head ]]; then .venv/bin/pip install -q -e '.[aws]'; else .venv/bin/pip install -q -e .; fi
+# The wheelhouse: every wheel the project's pins resolve to, built once by the head on the shared
+# volume, so that a new or replacement worker installs without the registry
+# (docs/cluster.md, "How a worker starts fast"). It is complete only when COMPLETE holds this
+# key, written last; a wheelhouse without it (half built, or for another pyproject.toml) is never used.
+wheelhouse="$shared/wheelhouse/$python_version"
+wheelhouse_key="python $python_version $(uname -m) pyproject.toml $(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ "$role" == head ]]; then
+    if [[ "$(cat "$wheelhouse/COMPLETE" 2> /dev/null)" == "$wheelhouse_key" ]]; then
+        echo "rerank-lab: the wheelhouse $wheelhouse is complete for this pyproject.toml: not rebuilt"
+    else
+        step="build the wheelhouse $wheelhouse"
+        echo "rerank-lab: building the wheelhouse $wheelhouse (once; workers install from it)"
+        mkdir -p "$wheelhouse"
+        rm -f "$wheelhouse/COMPLETE"   # a rebuild in progress is not complete
+        # torch==2.13.0 from PyPI is its CUDA 13.0 build (it requires cuda-toolkit==13.0.3), built
+        # here on the CPU head for the GPU workers: same AMI, same platform. pip and setuptools too:
+        # the editable install builds the project offline.
+        .venv/bin/pip wheel -q --wheel-dir "$wheelhouse" '.[aws]' 'setuptools>=68' pip
+        printf '%s\n' "$wheelhouse_key" > "$wheelhouse/COMPLETE.tmp.$$"
+        mv -f "$wheelhouse/COMPLETE.tmp.$$" "$wheelhouse/COMPLETE"   # atomic: all or nothing
+    fi
+    step="install the project into $repo/.venv"
+fi
+if [[ "$(cat "$wheelhouse/COMPLETE" 2> /dev/null)" == "$wheelhouse_key" ]]; then
+    echo "rerank-lab: installing from the wheelhouse $wheelhouse (no registry)"
+    pip_install=(.venv/bin/pip install -q --no-index --find-links "$wheelhouse")
+else
+    # the GPU workers' driver must be 580 or newer for the registry's CUDA 13.0 torch (cluster/gpu-check.sh checked it above)
+    echo "rerank-lab: installing from the registry: no complete wheelhouse for this pyproject.toml at $wheelhouse"
+    pip_install=(.venv/bin/pip install -q)
+fi
+"${pip_install[@]}" --upgrade pip
+if [[ "$role" == head ]]; then "${pip_install[@]}" -e '.[aws]'; else "${pip_install[@]}" -e .; fi
 
 if [[ "$role" == worker ]]; then
     step="check that torch uses the GPU"

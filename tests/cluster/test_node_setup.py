@@ -1,9 +1,12 @@
 """cluster/node-setup.sh run here with the machine's tools replaced by recording stand-ins (sudo,
 apt-get, mount, nvidia-smi, the cluster's python3.X and the .venv's pip and python): the order of its steps, what
-a failing worker says and records, the refusal after 3 failures, and what the head installs.
+a failing worker says and records, the refusal after 3 failures, what the head installs, and the
+wheelhouse the head builds once and workers install from only when it is complete for their pins.
 Nothing here touches this machine's packages, /etc/fstab or /mnt; the real tools are untested."""
 
+import hashlib
 import os
+import platform
 import subprocess
 import time
 from pathlib import Path
@@ -26,7 +29,7 @@ STUBS = {
     "hostname": 'echo "${NODE_NAME:-ip-10-0-0-1}"',
     "nvidia-smi": 'echo "nvidia-smi $*" >> "$CALLS"; [ "$DRIVER" = none ] && exit 9; echo "$DRIVER"',
     f"python{PYTHON}": (f'echo "python{PYTHON} $*" >> "$CALLS"; mkdir -p .venv/bin\n'
-                   'printf \'#!/bin/sh\\necho "pip $*" >> "$CALLS"\\n\' > .venv/bin/pip\n'
+                   'printf \'#!/bin/sh\\necho "pip $*" >> "$CALLS"; [ "$1" != wheel ] || exit ${PIP_WHEEL_RC:-0}\\n\' > .venv/bin/pip\n'
                    'printf \'#!/bin/sh\\necho "venv-python $*" >> "$CALLS"; exit ${TORCH_RC:-0}\\n\' > .venv/bin/python\n'
                    "chmod +x .venv/bin/pip .venv/bin/python"),
 }
@@ -45,6 +48,7 @@ def node(tmp_path):
     scripts.mkdir(parents=True)
     for script in ("node-setup.sh", "gpu-check.sh", "python-version"):
         (scripts / script).write_text((REPO / "cluster" / script).read_text())
+    (home / "rerank-lab" / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())  # the wheelhouse's key
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"),
@@ -136,7 +140,9 @@ def test_the_head_installs_the_aws_extra_and_checks_no_gpu(node):
     result = node("head", DRIVER="none")
     assert result.returncode == 0, result.stderr
     calls = node.calls()
-    assert "pip install -q -e .[aws]" in calls and not any(c.startswith(("nvidia-smi", "venv-python")) for c in calls)
+    wheelhouse = node.shared / "wheelhouse" / PYTHON
+    assert f"pip install -q --no-index --find-links {wheelhouse} -e .[aws]" in calls
+    assert not any(c.startswith(("nvidia-smi", "venv-python")) for c in calls)
 
 
 def test_scripts_parse():
@@ -162,3 +168,67 @@ def test_the_cluster_and_its_image_run_one_python():
     assert "FROM rayproject/ray:2.60.0-${RAY_PYTHON}\n" in dockerfile
     assert '= "$(cat /home/ray/rerank-lab/cluster/python-version)"' in dockerfile
     assert PYTHON in ("3.11", "3.12", "3.13")  # what pyproject.toml's requires-python allows
+
+
+def wheelhouse_key(home: Path) -> str:
+    """What cluster/node-setup.sh writes in the wheelhouse's COMPLETE, computed by hand."""
+    digest = hashlib.sha256((home / "rerank-lab" / "pyproject.toml").read_bytes()).hexdigest()
+    return f"python {PYTHON} {platform.machine()} pyproject.toml {digest}"
+
+
+def test_the_head_builds_the_wheelhouse_once_installs_from_it_and_rebuilds_when_the_pins_change(node):
+    wheelhouse = node.shared / "wheelhouse" / PYTHON
+    result = node("head", DRIVER="none")
+    assert result.returncode == 0, result.stderr
+    calls = node.calls()
+    build = f"pip wheel -q --wheel-dir {wheelhouse} .[aws] setuptools>=68 pip"
+    assert calls.count(build) == 1
+    assert calls.index(build) < calls.index(f"pip install -q --no-index --find-links {wheelhouse} --upgrade pip")
+    assert not any(c.startswith("pip install") and "--no-index" not in c for c in calls)   # the registry only through the build
+    assert (wheelhouse / "COMPLETE").read_text() == wheelhouse_key(node.home) + "\n"
+    assert list(wheelhouse.iterdir()) == [wheelhouse / "COMPLETE"]   # no temporary marker left
+    # ray up again: the marker matches this pyproject.toml, nothing is rebuilt
+    before = len(node.calls())
+    result = node("head", DRIVER="none")
+    assert result.returncode == 0 and f"the wheelhouse {wheelhouse} is complete for this pyproject.toml: not rebuilt" in result.stdout
+    assert not any(c.startswith("pip wheel") for c in node.calls()[before:])
+    # a changed pin: rebuilt, the marker follows
+    pyproject = node.home / "rerank-lab" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"torch==2.13.0"', '"torch==2.13.1"'))
+    before = len(node.calls())
+    assert node("head", DRIVER="none").returncode == 0
+    assert node.calls()[before:].count(build) == 1 and (wheelhouse / "COMPLETE").read_text() == wheelhouse_key(node.home) + "\n"
+
+
+def test_a_worker_installs_from_a_complete_wheelhouse_without_the_registry(node):
+    assert node("head", DRIVER="none").returncode == 0
+    before = len(node.calls())
+    result = node("worker")
+    assert result.returncode == 0, result.stderr
+    wheelhouse = node.shared / "wheelhouse" / PYTHON
+    assert f"rerank-lab: installing from the wheelhouse {wheelhouse} (no registry)\n" in result.stdout
+    installs = [c for c in node.calls()[before:] if c.startswith("pip")]
+    assert installs == [f"pip install -q --no-index --find-links {wheelhouse} --upgrade pip",
+                        f"pip install -q --no-index --find-links {wheelhouse} -e ."]
+
+
+@pytest.mark.parametrize("marker", [None, "python 3.11 x86_64 pyproject.toml 0123abcd\n"], ids=["half-built", "other-pins"])
+def test_a_worker_ignores_a_wheelhouse_not_complete_for_its_pins_and_uses_the_registry(node, marker):
+    wheelhouse = node.shared / "wheelhouse" / PYTHON
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_text("half of it")
+    if marker:
+        (wheelhouse / "COMPLETE").write_text(marker)
+    result = node("worker")
+    assert result.returncode == 0, result.stderr
+    assert (f"rerank-lab: installing from the registry: no complete wheelhouse for this pyproject.toml at {wheelhouse}\n"
+            in result.stdout)
+    assert [c for c in node.calls() if c.startswith("pip")] == ["pip install -q --upgrade pip", "pip install -q -e ."]
+
+
+def test_a_failed_wheelhouse_build_fails_the_head_and_leaves_no_marker(node):
+    result = node("head", DRIVER="none", PIP_WHEEL_RC="1")
+    wheelhouse = node.shared / "wheelhouse" / PYTHON
+    assert result.returncode != 0 and f"at step 'build the wheelhouse {wheelhouse}'" in result.stderr
+    assert not (wheelhouse / "COMPLETE").exists()
+    assert "installing from the registry" in node("worker").stdout   # so no worker takes it for complete
