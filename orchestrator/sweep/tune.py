@@ -325,7 +325,10 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
         run_config=ray.tune.RunConfig(
             name=f"tune-{int(time.time())}", storage_path=str(paths.ray_storage),
             failure_config=ray.tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[trial_logger],
+            # Tune's CSV and JSON result files, and not its TensorBoard files (TUNE_DISABLE_AUTO_CALLBACK_LOGGERS
+            # below): runs are tracked in MLflow, and tensorboardX's exit hook starts a thread at interpreter
+            # shutdown, which Python 3.12+ refuses: an interrupted sweep's last line was that RuntimeError
+            callbacks=[trial_logger, ray.tune.logger.CSVLoggerCallback(), ray.tune.logger.JsonLoggerCallback()],
             stop=_InterruptStopper(interruption, trial_logger),
             verbose=0,
         ),
@@ -333,6 +336,7 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
     # Tune's own SIGINT handler would take the first Ctrl-C from ours; ours ends the run the
     # same way (its stopper), and knows the command was interrupted.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"  # (the loggers above, without TensorBoard's)
     with interruption.graceful(lambda: None):  # the stopper ends the Tune run at its next step
         tuner.fit()
     display.close()
