@@ -35,7 +35,7 @@ def add_parser(sub, common) -> None:
                         help="what --correction corrects over: each table's comparisons (default) or every system against "
                              "its baseline on every collection of the sweep")
     parser.add_argument("--ci", action="store_true",
-                        help="95%% paired bootstrap intervals of each difference against the baseline (over queries, and "
+                        help="t intervals of each difference against the baseline (over queries, and "
                              "seeds), queries won/tied/lost and effect sizes in the tables, error bars in the figures")
     parser.add_argument("--seeds", action="store_true", help="also each seed's value of every cell")
     parser.add_argument("--digits", type=bounded(int, 0, 12, what="a number of digits"), default=4, help="digits shown")
