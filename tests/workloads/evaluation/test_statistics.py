@@ -36,7 +36,8 @@ def _crossed_reference(d: np.ndarray, confidence: float = 0.95):
     ms_q = s * sum((m - grand) ** 2 for m in query_means) / (n - 1)
     ms_e = sum((d[i][j] - seed_means[i] - query_means[j] + grand) ** 2 for i in range(s) for j in range(n)) / ((s - 1) * (n - 1))
     var = max(ms_s + ms_q - ms_e, ms_e) / (s * n)  # never below the residual's share
-    df = max(1.0, (ms_s + ms_q - ms_e) ** 2 / (ms_s ** 2 / (s - 1) + ms_q ** 2 / (n - 1) + ms_e ** 2 / ((s - 1) * (n - 1))))
+    share = ms_s / (ms_s + ms_q)  # df: the seeds' and queries' df, harmonic mean weighted by share
+    df = max(1.0, 1.0 / (share / (s - 1) + (1 - share) / (n - 1)))
     half = stats.t.ppf(0.5 + confidence / 2, df) * var ** 0.5
     return grand - half, grand + half
 
