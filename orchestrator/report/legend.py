@@ -72,7 +72,7 @@ def uncertainty_notes(test: str, correction: str, family_line: str | None, ci: b
             whose = f"{level} (not adjusted: Benjamini-Hochberg's markers bound false discoveries, not intervals)"
         else:
             whose = level
-        over = ("seeds and queries both random (crossed random-effects variance, Satterthwaite's degrees of freedom)"
+        over = ("seeds and queries both random (crossed random-effects variance, share-weighted degrees of freedom)"
                 if several else "the queries (the paired t-test's)")
         notes.append(f"[low, high]: {whose} t interval of the difference against the baseline, over {over}; "
                      "won / tied / lost: queries better / equal / worse than the baseline; effect: mean difference / "
