@@ -8,21 +8,21 @@ import pytest
 from scipy import stats
 
 from orchestrator.report.legend import unreachable
-from tests.report.test_report import _by_name, _table, store  # noqa: F401  (store: the shared fixture)
+from tests.report.test_report import _by_name, _table, store  # noqa: F401  (the shared fixture; F811 below: its use)
 from workloads.evaluation.statistics import compare_uncertainty
 
 ONE_SEED_NOTE = ("One training run (seed) per cell: a marker says this run differs from its baseline's run on these "
                  "queries, not that a retrain would (train with several seeds for that).")
 
 
-def _scl_difference(store):
-    *_, values = store
+def _scl_difference(report):
+    *_, values = report
     return values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]
 
 
 @pytest.mark.parametrize(("family", "correction", "size"), [("sweep", "holm", 4), ("sweep", "bonferroni", 4),
                                                             (None, "holm", 2)])
-def test_holm_and_bonferroni_intervals_are_at_the_family_level(store, family, correction, size):
+def test_holm_and_bonferroni_intervals_are_at_the_family_level(store, family, correction, size):  # noqa: F811
     d = _scl_difference(store)
     level = 1 - 0.05 / size  # Bonferroni's level over the family the markers are corrected in
     expected = stats.t.interval(level, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
@@ -33,7 +33,7 @@ def test_holm_and_bonferroni_intervals_are_at_the_family_level(store, family, co
                            "as the markers are corrected) t interval of the difference")
 
 
-def test_bh_intervals_stay_at_95_and_the_legend_says_they_are_not_adjusted(store):
+def test_bh_intervals_stay_at_95_and_the_legend_says_they_are_not_adjusted(store):  # noqa: F811
     d = _scl_difference(store)
     table = _table(store, family="sweep", correction="bh", ci=True)
     expected = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
@@ -56,7 +56,7 @@ def test_the_interval_on_43_queries_is_scipys_t_interval():
                                                           abs=1e-12)
 
 
-def test_a_one_seed_table_says_its_markers_are_about_one_training_run(store):
+def test_a_one_seed_table_says_its_markers_are_about_one_training_run(store):  # noqa: F811
     assert ONE_SEED_NOTE in _table(store).notes
     assert ONE_SEED_NOTE in _table(store, family="sweep", correction="bh", ci=True).notes
 
