@@ -86,6 +86,7 @@ class TableOptions:
     family: str | None = None  # "table" or "sweep"; None: the table, its note worded as before the option
     ci: bool = False           # t intervals, won / tied / lost and effect sizes in the tables
     seeds: bool = False        # each seed's value
+    measures: tuple[str, ...] = ()  # the sweep family's measures, corrected together (empty: ``metric`` alone)
 
 
 @dataclass(frozen=True)
@@ -94,30 +95,34 @@ class Family:
 
     ``table``: the comparisons a table shows (each table corrected on its own). ``sweep``:
     every system against its baseline on every collection the sweep was tested on (its test
-    collection and each zero-shot one), for the table's measure; ``adjusted`` holds their
-    corrected p-values by (metric prefix, system label)."""
+    collection and each zero-shot one), for the table's measure or each of ``measures``;
+    ``adjusted`` holds their corrected p-values by (measure, metric prefix, system label)."""
 
     scope: str
     correction: str
     size: int = 0
     collections: tuple[str, ...] = ()
-    adjusted: dict[tuple[str, str], float] = field(default_factory=dict)
+    adjusted: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    measures: tuple[str, ...] = ()
 
 
 def sweep_family(results: SweepResults, options: TableOptions) -> Family:
-    """Every system-vs-baseline comparison of the sweep on ``options.metric``, corrected together."""
-    pairs: dict[tuple[str, str], tuple[SystemResult, SystemResult]] = {}
-    for _, prefix in results.evaluation_targets():
-        all_systems = systems(results, options.metric, prefix)
-        for system in all_systems:
-            baseline = None if system.is_baseline or system.status != STATUS_OK else baseline_of(system, all_systems)
-            if baseline is not None and baseline.status == STATUS_OK:
-                pairs[(prefix, system.label)] = (system, baseline)
+    """Every system-vs-baseline comparison of the sweep on ``options.metric`` (or on each of
+    ``options.measures``), corrected together."""
+    measures = options.measures or (options.metric,)
+    pairs: dict[tuple[str, str, str], tuple[SystemResult, SystemResult]] = {}
+    for metric in measures:
+        for _, prefix in results.evaluation_targets():
+            all_systems = systems(results, metric, prefix)
+            for system in all_systems:
+                baseline = None if system.is_baseline or system.status != STATUS_OK else baseline_of(system, all_systems)
+                if baseline is not None and baseline.status == STATUS_OK:
+                    pairs[(metric, prefix, system.label)] = (system, baseline)
     size = len(pairs) if options.correction != "none" else 1
     raw = {key: comparison_p(system, baseline, options.test, size) for key, (system, baseline) in pairs.items()}
     adjusted = adjust_p_values(list(raw.values()), options.correction)
     return Family("sweep", options.correction, len(raw), tuple(label for label, _ in results.evaluation_targets()),
-                  dict(zip(raw, adjusted)))
+                  dict(zip(raw, adjusted)), tuple(measures))
 
 
 def _by_seed(system: SystemResult) -> dict[str, dict[str, float]]:
@@ -223,7 +228,8 @@ def _comparisons(n: int) -> str:
 def family_note(options: TableOptions, num_tested: int, family: Family | None, scope: str | None = None) -> str:
     """The note naming the family of the correction, its size and the method (``scope``: what
     the family is, when not a table of systems against their baselines)."""
-    what = DISPLAY_NAMES.get(options.metric, options.metric)
+    measures = family.measures if family is not None and family.scope == "sweep" and family.measures else (options.metric,)
+    what = " and ".join(DISPLAY_NAMES.get(m, m) for m in measures)
     if scope is not None:
         scope = f"{scope}: {_comparisons(num_tested)}"
     elif family is not None and family.scope == "sweep":
@@ -268,11 +274,11 @@ def table_family(results: SweepResults, options: TableOptions, family: Family | 
     return Family("table", options.correction)
 
 
-def family_p_values(family: Family, prefix: str) -> dict[str, float] | None:
-    """The sweep family's corrected p-values on ``prefix`` by system label (None: the table is the family)."""
+def family_p_values(family: Family, prefix: str, metric: str) -> dict[str, float] | None:
+    """The sweep family's corrected p-values of ``metric`` on ``prefix`` by system label (None: the table is the family)."""
     if family.scope != "sweep":
         return None
-    return {label: p for (where, label), p in family.adjusted.items() if where == prefix}
+    return {label: p for (measure, where, label), p in family.adjusted.items() if where == prefix and measure == metric}
 
 
 def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[str, ...], cols: str,
@@ -287,7 +293,7 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
     all_systems = systems(results, options.metric, prefix)
     family = table_family(results, options, family)
     entries = compare_with_baselines(all_systems, options.test, options.correction, ci=options.ci,
-                                     adjusted=family_p_values(family, prefix),
+                                     adjusted=family_p_values(family, prefix, options.metric),
                                      family_size=family.size if family.scope == "sweep" else None)
 
     def column_label(system: SystemResult) -> str:
@@ -377,8 +383,9 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
             chosen_labels[model] = chosen.label
             baseline = baseline_of(chosen, all_systems)
             shown = [chosen] + ([baseline] if baseline else [])
+            # the table's family: corrected below
             entries = compare_with_baselines(all_systems, options.test, "none", shown, ci=options.ci,
-                                             adjusted=family_p_values(family, prefix))  # the table's family: corrected below
+                                             adjusted=family_p_values(family, prefix, options.metric))
             row.append(entries[id(chosen)])
             base_entry = entries[id(baseline)] if baseline else Entry(None, "missing")
             baseline_row.append(base_entry)
