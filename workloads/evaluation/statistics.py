@@ -33,8 +33,8 @@ baseline per query (a vector) or per seed and query (a matrix, one row per seed)
   weights squared: too many df with 2-3 seeds); with one seed it is the paired t-test and its
   t interval. Chosen by ``benchmarks/stat_calibration.py`` (a simulation fitted
   to measured per-query differences, numbers in docs/guide/results.md): the test on
-  seed-averaged values rejected a true null 27-72% of the time with 2-5 seeds, the seeds x
-  queries percentile bootstrap covered 78-91%; with one seed and 43 queries the t interval
+  seed-averaged values rejected a true null 11-36% of the time with 3-5 seeds, the seeds x
+  queries percentile bootstrap covered 85-92%; with one seed and 43 queries the t interval
   covered 0.959, the percentile bootstrap 0.919. The t needs no resampling (the same digits
   everywhere) and agrees with the t-test's marker by construction.
 - :func:`direction`: the queries the system won, tied (within
