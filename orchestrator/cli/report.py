@@ -34,8 +34,11 @@ def add_parser(sub, common) -> None:
     parser.add_argument("--family", choices=list(FAMILIES),
                         help="what --correction corrects over: each table's comparisons (default) or every system against "
                              "its baseline on every collection of the sweep")
+    parser.add_argument("--measures", metavar="M1,M2",
+                        help="with --family sweep: measures corrected together, e.g. ndcg@10,rr@10 (one table each; "
+                             "the family is every comparison on each of them)")
     parser.add_argument("--ci", action="store_true",
-                        help="95%% paired bootstrap intervals of each difference against the baseline (over queries, and "
+                        help="t intervals of each difference against the baseline (over queries, and "
                              "seeds), queries won/tied/lost and effect sizes in the tables, error bars in the figures")
     parser.add_argument("--seeds", action="store_true", help="also each seed's value of every cell")
     parser.add_argument("--digits", type=bounded(int, 0, 12, what="a number of digits"), default=4, help="digits shown")
@@ -83,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     sweeps = [load_sweep(path, "report") for path in args.sweeps]  # (a trial file: report --robustness reads it)
     for sweep in sweeps:
         _check_storage(sweep, args.storage)
-    options = TableOptions(metric=metric_key(args.metric), test=args.test, correction=args.correction, digits=args.digits,
-                           family=args.family, ci=args.ci, seeds=args.seeds)
+    measures = _measures(args)
+    options = TableOptions(metric=measures[0] if measures else metric_key(args.metric), test=args.test,
+                           correction=args.correction, digits=args.digits, family=args.family, ci=args.ci,
+                           seeds=args.seeds, measures=measures)
     request = ReportRequest(options=options, rows=tuple(a.strip() for a in args.rows.split(",") if a.strip()), cols=args.cols,
                             collection=args.collection, output_format=args.format, zero_shot=args.zero_shot,
                             transfer=args.transfer, select=parse_select(args.select), plots=not args.no_plots,
@@ -93,6 +98,23 @@ def run(args: argparse.Namespace) -> int:
     emit(output.text)
     log.info("written: %s", ", ".join(str(p) for p in output.files))
     return 0
+
+
+def _measures(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--measures`` as metric keys, checked: a family over measures is the sweep's."""
+    from orchestrator.report.results import metric_key
+
+    if args.measures is None:
+        return ()
+    if args.family != "sweep":
+        raise InputError("--measures", "a family over several measures needs --family sweep")
+    try:
+        keys = tuple(dict.fromkeys(metric_key(m) for m in args.measures.split(",") if m.strip()))
+    except InputError as error:
+        raise InputError("--measures", error.problem) from None
+    if not keys:
+        raise InputError("--measures", "no measure given (e.g. ndcg@10,rr@10)")
+    return keys
 
 
 def _robustness(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.core import schema
@@ -108,17 +108,21 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         _log(f"{results.sweep.name}: reading per-query values of {sum(c.status == STATUS_OK for c in results.cells)} "
              f"finished cells ({len(results.cells)} in the grid)")
         family = table_family(results, request.options)  # the sweep's: every comparison read and tested once
-        tables: list[tuple[str, Table]] = [("table", grid_table(results, prefix, label, request.rows, request.cols, request.options,
-                                                                family))]
-        if request.zero_shot:
-            tables.append(("zero-shot", zero_shot_table(results, request.options, request.select, family)))
+        # one set of tables per measure of the family (--measures), each with its own measure's values
+        per_measure = [replace(request.options, metric=m) for m in request.options.measures] or [request.options]
+        tables: list[tuple[str, TableOptions, Table]] = []
+        for options in per_measure:
+            tables.append(("table", options, grid_table(results, prefix, label, request.rows, request.cols, options, family)))
+            if request.zero_shot:
+                tables.append(("zero-shot", options, zero_shot_table(results, options, request.select, family)))
         out_dir.mkdir(parents=True, exist_ok=True)  # once the tables exist: bad options write nothing
         sweep_files: list[Path] = []
-        for stem, table in tables:
-            blocks.append(renderer(table, request.options.digits))
-            sweep_files += _write_table(table, out_dir / f"{stem}-{request.options.metric}-{label}", request.options.digits)
+        for stem, options, table in tables:
+            blocks.append(renderer(table, options.digits))
+            sweep_files += _write_table(table, out_dir / f"{stem}-{options.metric}-{label}", options.digits)
         if request.plots:
-            sweep_files += _plots(results, prefix, label, request.options, out_dir, family)
+            for options in per_measure:
+                sweep_files += _plots(results, prefix, label, options, out_dir, family)
         chosen, chosen_files = winners_block(results, out_dir)
         sweep_files += chosen_files
         if chosen and request.output_format != "csv":
@@ -129,7 +133,7 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         if request.output_format != "csv":
             blocks.append(search_line(tracker, results))
         if request.log_to_mlflow:
-            _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][1], request.options.digits))
+            _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][2], request.options.digits))
         files += sweep_files
     if request.transfer:
         table = transfer_table(all_results, request.options, request.select)
@@ -211,7 +215,7 @@ def _plots(results: SweepResults, prefix: str, label: str, options: TableOptions
         _log(f"{results.sweep.name}: no finished cell yet, no figures")
         return []
     entries = compare_with_baselines(all_systems, options.test, options.correction, ci=options.ci,  # error bars with --ci
-                                     adjusted=family_p_values(family, prefix) if family is not None else None)
+                                     adjusted=family_p_values(family, prefix, options.metric) if family is not None else None)
     written = []
     for model in dict.fromkeys(s.axes["model"] for s in all_systems):
         mine = [s for s in all_systems if s.axes["model"] == model]

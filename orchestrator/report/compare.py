@@ -2,7 +2,7 @@
 
 A ranking is a run (a cell's winner, or a trial tested by ``orchestrate run``) or, written
 ``RUN:bm25``, that run's first stage on the same queries; without RUN_B, RUN_A is compared
-with its own BM25. Per measure: both means, the difference (B - A) with its paired bootstrap
+with its own BM25. Per measure: both means, the difference (B - A) with its paired t
 95% interval over the shared queries, the queries B won / tied / lost, the effect size (mean
 difference / its standard deviation) and the paired test's p-value; then the queries whose
 primary measure changed most. The numbers come from the runs' per-query values,
@@ -19,7 +19,7 @@ from orchestrator.report.results import RunReader
 from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, MEASURES, PRIMARY_METRIC
 from workloads.evaluation.significance import TEST_NAMES, paired_test, paired_values
-from workloads.evaluation.statistics import BOOTSTRAP_METHOD, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare_uncertainty
+from workloads.evaluation.statistics import compare_uncertainty
 
 FIRST_STAGE_SUFFIX = f":{schema.FIRST_STAGE}"
 
@@ -82,8 +82,7 @@ def compare_runs(tracker: Tracker, run_a: str, run_b: str, collection: str | Non
         "a": {"run_id": a.info.run_id, "name": _describe(a, a_first), "collection": prefix_a.rstrip("_")},
         "b": {"run_id": b.info.run_id, "name": _describe(b, b_first), "collection": prefix_b.rstrip("_")},
         "test": TEST_NAMES[test], "queries": len(qids),
-        "interval": f"95% paired bootstrap interval of B - A over the queries ({BOOTSTRAP_METHOD}, {BOOTSTRAP_RESAMPLES} "
-                    f"resamples, seed {BOOTSTRAP_SEED})",
+        "interval": "95% paired t interval of B - A over the queries",
         "measures": [{"metric": metric, "a": m.mean_b, "b": m.mean_a, "difference": m.difference,
                       "ci_low": uncertainty[metric].interval.low, "ci_high": uncertainty[metric].interval.high,
                       "won": uncertainty[metric].direction.won, "tied": uncertainty[metric].direction.tied,

@@ -7,7 +7,7 @@
 - :func:`plot_relative_by_size`: relative change over the baseline by size, one bar per
   system (loss + augmentation), ``†``/``°`` above bars whose paired test against the
   baseline is significant at 95%/90% (AUG Figure 3); with ``--ci``, each bar's error bar is
-  the bootstrap 95% interval of its difference, in percent of the baseline.
+  the t interval of its difference, in percent of the baseline.
 
 Sizes are placed as categories in grid order, so ``full`` sits after the largest number.
 """
@@ -102,7 +102,7 @@ def plot_relative_by_size(model_systems: list[SystemResult], entries: dict[int, 
     ax.set_xticks(range(len(sizes)), sizes)
     ax.set_xlabel("training size (query-document pairs)")
     ax.set_ylabel(f"change of {DISPLAY_NAMES.get(metric, metric)} over baseline (%)")
-    bars = "; bars: 95% bootstrap interval" if intervals else ""
+    bars = "; bars: t interval (see the table)" if intervals else ""
     ax.set_title(f"{model} on {collection}: change over the baseline\n(† p < 0.05, ° p < 0.10, paired test per query{bars})",
                  fontsize=10)
     ax.grid(axis="y", alpha=0.3)

@@ -10,6 +10,7 @@ from orchestrator.report.results import STATUS_LABELS
 from orchestrator.report.tables import Entry, Table
 
 MARKERS = {0.05: "†", 0.10: "°"}
+CORRECTION_SHORT = {"holm": "Holm", "bonferroni": "Bonferroni", "bh": "BH"}
 LATEX_MARKERS = {0.05: r"$^{\dagger}$", 0.10: r"$^{\circ}$"}
 
 
@@ -45,13 +46,16 @@ def _blocks(table: Table, digits: int) -> list[tuple[str, list[str], list[list[s
     blocks = []
     located = [(keys, column, entry) for keys, entries in table.rows for column, entry in zip(table.columns, entries)]
     if table.ci:
+        corrected = table.correction != "none"
         rows = [keys + [column, f"{e.difference:+.{digits}f}", _interval(e, digits) or "-",
                         f"{e.direction.won} / {e.direction.tied} / {e.direction.lost}", _effect(e),
-                        f"{e.p_value:.3g}"]
+                        f"{e.raw_p_value:.3g}"] + ([f"{e.p_value:.3g}"] if corrected else [])
                 for keys, column, e in located if e.difference is not None and e.direction is not None]
         if rows:
-            blocks.append(("Against the baseline", table.row_header + ["column", "difference", "95% interval",
-                                                                       "won / tied / lost", "effect", "p"], rows))
+            name = CORRECTION_SHORT.get(table.correction, table.correction)
+            blocks.append(("Against the baseline", table.row_header + ["column", "difference", "interval", "won / tied / lost",
+                                                                       "effect", "p"] + ([f"p ({name})"] if corrected else []),
+                           rows))
     if table.show_seeds:
         rows = [keys + [column, f"{e.value:.{digits}f}" + _spread(e, digits),
                         ", ".join(f"{seed}: {value:.{digits}f}" for seed, value in e.per_seed)]
@@ -124,7 +128,7 @@ def render_csv(table: Table, digits: int = 4) -> str:
     """One line per table entry, numbers unrounded, the state where there is no number.
 
     With ``ci``: the difference against the baseline, its interval, won / tied / lost, the
-    effect size and the p-value before correction; with several seeds (or ``show_seeds``):
+    effect size (the p-value before correction is in every CSV, beside the corrected one); with several seeds (or ``show_seeds``):
     the seeds' count and standard deviation (and each seed's value, ``seed=value;...``)."""
     def number(value) -> str:
         return "" if value is None else repr(value)
@@ -132,20 +136,21 @@ def render_csv(table: Table, digits: int = 4) -> str:
     seeded = table.show_seeds or any(e.seeds > 1 for _, entries in table.rows for e in entries)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    header = table.row_header + ["column", "status", "value", "relative_change_percent", "p_value", "significant_at", "emphasis"]
+    header = table.row_header + ["column", "status", "value", "relative_change_percent", "p_value", "p_value_uncorrected",
+                                 "significant_at", "emphasis"]
     if table.ci:
-        header += ["difference", "ci_low", "ci_high", "won", "tied", "lost", "effect_size", "p_value_uncorrected"]
+        header += ["difference", "ci_low", "ci_high", "won", "tied", "lost", "effect_size"]
     if seeded:
         header += ["seeds", "seed_std"] + (["seed_values"] if table.show_seeds else [])
     writer.writerow(header)
     for keys, entries in table.rows:
         for column, entry in zip(table.columns, entries):
             row = keys + [column, entry.status, number(entry.value), number(entry.relative), number(entry.p_value),
-                          "" if entry.level is None else f"{1 - entry.level:.0%}", entry.emphasis]
+                          number(entry.raw_p_value), "" if entry.level is None else f"{1 - entry.level:.0%}", entry.emphasis]
             if table.ci:
                 d = entry.direction
                 row += [number(entry.difference), *(number(x) for x in (entry.ci or (None, None))),
-                        *(("", "", "") if d is None else (d.won, d.tied, d.lost)), number(entry.effect), number(entry.raw_p_value)]
+                        *(("", "", "") if d is None else (d.won, d.tied, d.lost)), number(entry.effect)]
             if seeded:
                 row += [entry.seeds if entry.per_seed else "", number(entry.seed_std)]
                 row += [";".join(f"{seed}={value!r}" for seed, value in entry.per_seed)] if table.show_seeds else []

@@ -14,7 +14,7 @@ and each entry the seeds' standard deviation (``±``).
 
 The grid table's options apply (docs/guide/results.md): ``correction`` over the table's
 perturbed-vs-clean comparisons (every system, perturbation and measure: the table is the
-sweep's whole family, so ``family`` sweep and table are one), ``ci`` for the bootstrap
+sweep's whole family, so ``family`` sweep and table are one), ``ci`` for the t
 interval of each perturbed-minus-clean difference (over queries x seeds, seed by seed), its
 queries won / tied / lost and effect size, ``show_seeds`` for each seed's value.
 """
@@ -39,7 +39,7 @@ from workloads.evaluation.significance import (
     relative_change,
     significance_level,
 )
-from workloads.evaluation.statistics import BOOTSTRAP_METHOD, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare_uncertainty, seed_summary
+from workloads.evaluation.statistics import compare_uncertainty, seed_summary
 from workloads.kinds.rerank.spec import TrialSpec
 
 ROBUSTNESS_METRICS = ("ap", "p_at_1")  # CFT reports MAP and P@1
@@ -99,7 +99,7 @@ def _per_query(reader: RunReader, runs, target: str, label: str = "") -> dict[st
 def perturbed_vs_clean(reader: RunReader, runs, perturbations: list[str], metrics=ROBUSTNESS_METRICS,
                        test: str = "t", label: str = "", ci: bool = False) -> list[PerturbedMeasure]:
     """Every perturbation x measure of one system (a run, or its seeds' runs: per-query means),
-    those it was evaluated on; with ``ci`` the bootstrap interval of each difference too."""
+    those it was evaluated on; with ``ci`` the t interval of each difference too."""
     clean = _per_query(reader, runs, schema.TEST, label)
     out = []
     if clean is None:
@@ -165,7 +165,7 @@ def _system_row(reader: RunReader, runs, label: str, perturbations: list[str], m
 
 def _against_the_first_row(labels: list[str], values: dict, columns: list[str], test: str, ci: bool = False) -> list[str]:
     """A note per system after the first: its paired difference and p-value on every column
-    (with ``ci``: the difference's bootstrap interval over queries, and queries won / tied / lost)."""
+    (with ``ci``: the difference's t interval over queries, and queries won / tied / lost)."""
     notes = []
     for label in labels[1:]:
         parts = []
@@ -225,8 +225,8 @@ def robustness_table(reader: RunReader, systems: list[tuple[str, object]], pertu
                                        "measure: each perturbed set against the clean queries; the comparisons with the "
                                        "first row below are not corrected)"))
     if ci:
-        notes.append(f"[low, high]: 95% paired bootstrap interval of the perturbed-minus-clean difference ({BOOTSTRAP_METHOD}, "
-                     f"{BOOTSTRAP_RESAMPLES:,} resamples of the queries and of a row's seeds, seed {BOOTSTRAP_SEED}); won / tied / "
+        notes.append("[low, high]: 95% t interval of the perturbed-minus-clean difference (over the queries; with several "
+                     "seeds, seeds and queries both random); won / tied / "
                      "lost: queries better / equal / worse perturbed; effect: mean difference / its standard deviation.")
     notes += _against_the_first_row([label for label, _ in systems], values, columns, test, ci)
     sizes = {}

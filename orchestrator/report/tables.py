@@ -12,7 +12,7 @@ markers and emphasis:
 - a cell without a number shows its state (failed, stale, interrupted, pending, running, missing, n/a), never 0;
 - a cell of several seeds: the mean over its seeds ``±`` their standard deviation; with
   ``seeds`` each seed's value too (a block beneath the table);
-- with ``ci``: the paired bootstrap 95% interval of the difference against the baseline in
+- with ``ci``: the t interval (95%, or the family's Bonferroni level) of the difference against the baseline in
   the cell, and beneath the table each comparison's difference, interval, queries won / tied /
   lost and effect size (:mod:`workloads.evaluation.statistics`);
 - the family of the multiple-comparison correction (:class:`Family`): the table's
@@ -24,25 +24,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from orchestrator.report import legend
+from orchestrator.report.legend import interval_confidence, test_name
 from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, SystemResult, baseline_of, systems
 from workloads.core.errors import InputError
 from workloads.evaluation import DISPLAY_NAMES, mean_of
 from workloads.evaluation.significance import (
     CORRECTION_NAMES,
-    TEST_NAMES,
     adjust_p_values,
     paired_test,
     relative_change,
     significance_level,
 )
-from workloads.evaluation.statistics import (
-    BOOTSTRAP_METHOD,
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    Direction,
-    compare_uncertainty,
-    seed_summary,
-)
+from workloads.evaluation.statistics import Direction, compare_uncertainty, difference_matrix, seed_summary, seeds_t_test
 
 
 @dataclass(frozen=True)
@@ -55,7 +49,7 @@ class Entry:
     emphasis: str = ""             # "best", "second" or ""
     is_baseline: bool = False
     difference: float | None = None                # mean difference against the baseline
-    ci: tuple[float, float] | None = None          # its bootstrap interval (when asked for)
+    ci: tuple[float, float] | None = None          # its t interval (when asked for), at the family's level
     relative_ci: tuple[float, float] | None = None  # the interval in percent of the baseline
     direction: Direction | None = None             # queries won / tied / lost
     effect: float | None = None                    # mean difference / its standard deviation
@@ -74,6 +68,7 @@ class Table:
     notes: list[str] = field(default_factory=list)
     ci: bool = False          # intervals in the cells, and the comparisons' block
     show_seeds: bool = False  # the seeds' block
+    correction: str = "none"  # the markers' correction: the block shows raw and corrected p
 
 
 # ----------------------------------------------------------------------------- building
@@ -89,8 +84,9 @@ class TableOptions:
     correction: str = "none"
     digits: int = 4
     family: str | None = None  # "table" or "sweep"; None: the table, its note worded as before the option
-    ci: bool = False           # bootstrap intervals, won / tied / lost and effect sizes in the tables
+    ci: bool = False           # t intervals, won / tied / lost and effect sizes in the tables
     seeds: bool = False        # each seed's value
+    measures: tuple[str, ...] = ()  # the sweep family's measures, corrected together (empty: ``metric`` alone)
 
 
 @dataclass(frozen=True)
@@ -99,32 +95,48 @@ class Family:
 
     ``table``: the comparisons a table shows (each table corrected on its own). ``sweep``:
     every system against its baseline on every collection the sweep was tested on (its test
-    collection and each zero-shot one), for the table's measure; ``adjusted`` holds their
-    corrected p-values by (metric prefix, system label)."""
+    collection and each zero-shot one), for the table's measure or each of ``measures``;
+    ``adjusted`` holds their corrected p-values by (measure, metric prefix, system label)."""
 
     scope: str
     correction: str
     size: int = 0
     collections: tuple[str, ...] = ()
-    adjusted: dict[tuple[str, str], float] = field(default_factory=dict)
+    adjusted: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    measures: tuple[str, ...] = ()
 
 
 def sweep_family(results: SweepResults, options: TableOptions) -> Family:
-    """Every system-vs-baseline comparison of the sweep on ``options.metric``, corrected together."""
-    raw: dict[tuple[str, str], float] = {}
-    for _, prefix in results.evaluation_targets():
-        all_systems = systems(results, options.metric, prefix)
-        for system in all_systems:
-            baseline = None if system.is_baseline or system.status != STATUS_OK else baseline_of(system, all_systems)
-            if baseline is not None and baseline.status == STATUS_OK:
-                raw[(prefix, system.label)] = paired_test(system.per_query, baseline.per_query, options.test).p_value
+    """Every system-vs-baseline comparison of the sweep on ``options.metric`` (or on each of
+    ``options.measures``), corrected together."""
+    measures = options.measures or (options.metric,)
+    pairs: dict[tuple[str, str, str], tuple[SystemResult, SystemResult]] = {}
+    for metric in measures:
+        for _, prefix in results.evaluation_targets():
+            all_systems = systems(results, metric, prefix)
+            for system in all_systems:
+                baseline = None if system.is_baseline or system.status != STATUS_OK else baseline_of(system, all_systems)
+                if baseline is not None and baseline.status == STATUS_OK:
+                    pairs[(metric, prefix, system.label)] = (system, baseline)
+    size = len(pairs) if options.correction != "none" else 1
+    raw = {key: comparison_p(system, baseline, options.test, size) for key, (system, baseline) in pairs.items()}
     adjusted = adjust_p_values(list(raw.values()), options.correction)
     return Family("sweep", options.correction, len(raw), tuple(label for label, _ in results.evaluation_targets()),
-                  dict(zip(raw, adjusted)))
+                  dict(zip(raw, adjusted)), tuple(measures))
 
 
 def _by_seed(system: SystemResult) -> dict[str, dict[str, float]]:
     return system.per_seed if system.per_seed else {"": system.per_query}
+
+
+def comparison_p(system: SystemResult, baseline: SystemResult, test: str, family_size: int = 1) -> float:
+    """The raw p of a system against its baseline: with the t-test and both trained with the same
+    two or more seeds, the seeds-and-queries t (:func:`seeds_t_test`: a retrain's variance is in
+    it); else ``test`` on the per-query values averaged over seeds."""
+    if test == "t" and system.per_seed and baseline.per_seed and len(system.per_seed) > 1 \
+            and set(system.per_seed) == set(baseline.per_seed):
+        return seeds_t_test(difference_matrix(system.per_seed, baseline.per_seed))
+    return paired_test(system.per_query, baseline.per_query, test, family_size=family_size).p_value
 
 
 def _seed_fields(system: SystemResult) -> dict:
@@ -138,31 +150,36 @@ def _seed_fields(system: SystemResult) -> dict:
 
 def compare_with_baselines(all_systems: list[SystemResult], test: str, correction: str,
                            targets: list[SystemResult] | None = None, ci: bool = False,
-                           adjusted: dict[str, float] | None = None) -> dict[int, Entry]:
+                           adjusted: dict[str, float] | None = None, family_size: int | None = None) -> dict[int, Entry]:
     """An entry per system (by ``id``): value, relative change, corrected significance, the
-    difference's direction and effect size (and its bootstrap interval with ``ci``).
+    difference's direction and effect size (and its t interval with ``ci``, at the level of the
+    family's correction: :func:`~orchestrator.report.legend.interval_confidence`).
 
-    ``adjusted`` (system label -> corrected p-value): the p-values of a larger family
-    (:func:`sweep_family`); without it the comparisons made here are the family."""
+    ``adjusted`` (system label -> corrected p-value) and ``family_size``: the p-values and size of
+    a larger family (:func:`sweep_family`); without them the comparisons made here are the family."""
     entries: dict[int, Entry] = {}
-    tested: list[tuple[int, float]] = []
+    pairs: list[tuple[SystemResult, SystemResult]] = []
     for system in targets if targets is not None else all_systems:
         if system.status != STATUS_OK:
             entries[id(system)] = Entry(None, system.status, is_baseline=system.is_baseline)
             continue
         baseline = None if system.is_baseline else baseline_of(system, all_systems)
-        entry = Entry(system.value, is_baseline=system.is_baseline, **_seed_fields(system))
+        entries[id(system)] = Entry(system.value, is_baseline=system.is_baseline, **_seed_fields(system))
         if baseline is not None and baseline.status == STATUS_OK:
-            comparison = paired_test(system.per_query, baseline.per_query, test)
-            uncertainty = compare_uncertainty(_by_seed(system), _by_seed(baseline), interval=ci)
-            interval = (uncertainty.interval.low, uncertainty.interval.high) if uncertainty.interval else None
-            relative_ci = (tuple(100.0 * x / baseline.value for x in interval)
-                           if interval is not None and baseline.value else None)
-            entry = replace(entry, relative=relative_change(system.value, baseline.value), p_value=comparison.p_value,
-                            raw_p_value=comparison.p_value, difference=uncertainty.difference, ci=interval,
-                            relative_ci=relative_ci, direction=uncertainty.direction, effect=uncertainty.effect)
-            tested.append((id(system), comparison.p_value))
-        entries[id(system)] = entry
+            pairs.append((system, baseline))
+    size = family_size if family_size is not None else len(pairs)
+    confidence = interval_confidence(correction, size)
+    tested: list[tuple[int, float]] = []
+    for system, baseline in pairs:
+        p = comparison_p(system, baseline, test, size if correction != "none" else 1)
+        uncertainty = compare_uncertainty(_by_seed(system), _by_seed(baseline), interval=ci, confidence=confidence)
+        interval = (uncertainty.interval.low, uncertainty.interval.high) if uncertainty.interval else None
+        relative_ci = (tuple(100.0 * x / baseline.value for x in interval)
+                       if interval is not None and baseline.value else None)
+        entries[id(system)] = replace(entries[id(system)], relative=relative_change(system.value, baseline.value),
+                                      p_value=p, raw_p_value=p, difference=uncertainty.difference, ci=interval,
+                                      relative_ci=relative_ci, direction=uncertainty.direction, effect=uncertainty.effect)
+        tested.append((id(system), p))
     if adjusted is not None:
         by_id = {id(s): s for s in (targets if targets is not None else all_systems)}
         corrected = [adjusted[by_id[key].label] for key, _ in tested]
@@ -197,6 +214,13 @@ _METHODS = {"none": "no correction (each comparison at its own level)",
             "bh": "Benjamini-Hochberg's correction (false discovery rate: a marker is a discovery at an FDR of 5% / 10%)"}
 
 
+def _tested_size(options: TableOptions, num_tested: int, family: Family | None) -> int:
+    """The family size the randomization test's resolution followed (1: no correction)."""
+    if options.correction == "none":
+        return 1
+    return family.size if family is not None and family.scope == "sweep" else num_tested
+
+
 def _comparisons(n: int) -> str:
     return f"{n} comparison" + ("" if n == 1 else "s")
 
@@ -204,7 +228,8 @@ def _comparisons(n: int) -> str:
 def family_note(options: TableOptions, num_tested: int, family: Family | None, scope: str | None = None) -> str:
     """The note naming the family of the correction, its size and the method (``scope``: what
     the family is, when not a table of systems against their baselines)."""
-    what = DISPLAY_NAMES.get(options.metric, options.metric)
+    measures = family.measures if family is not None and family.scope == "sweep" and family.measures else (options.metric,)
+    what = " and ".join(DISPLAY_NAMES.get(m, m) for m in measures)
     if scope is not None:
         scope = f"{scope}: {_comparisons(num_tested)}"
     elif family is not None and family.scope == "sweep":
@@ -215,22 +240,12 @@ def family_note(options: TableOptions, num_tested: int, family: Family | None, s
     return f"Multiple comparisons: the family is {scope}; {_METHODS[options.correction]}."
 
 
-def _uncertainty_notes(options: TableOptions, num_tested: int, family: Family | None, entries, compared: bool = True) -> list[str]:
-    """The notes of the new options: the family (when asked about), the interval (``compared``:
-    the table compares with baselines), the seeds."""
-    notes = []
-    if compared and (options.family is not None or options.correction == "bh" or options.ci):
-        notes.append(family_note(options, num_tested, family))
-    seeds = sorted({e.seeds for e in entries if e.value is not None})
-    if compared and options.ci:
-        across = " and of the seeds" if seeds and seeds[-1] > 1 else ""
-        notes.append(f"[low, high]: 95% paired bootstrap interval of the difference against the baseline ({BOOTSTRAP_METHOD}, "
-                     f"{BOOTSTRAP_RESAMPLES:,} resamples of the queries{across}, seed {BOOTSTRAP_SEED}); won / tied / lost: "
-                     "queries better / equal / worse than the baseline; effect: mean difference / its standard deviation.")
-    if seeds and seeds[-1] > 1:
-        notes.append("± the standard deviation over a cell's seeds (" + ", ".join(str(n) for n in seeds) + " seeds); "
-                     "the value is their mean" + (", the test pairs the per-query means over seeds." if compared else "."))
-    return notes
+def uncertainty_notes(options: TableOptions, num_tested: int, family: Family | None, entries, compared: bool = True) -> list[str]:
+    """The family (when asked about), the interval, the seeds and what the markers mean (:mod:`legend`)."""
+    family_line = (family_note(options, num_tested, family)
+                   if options.family is not None or options.correction == "bh" or options.ci else None)
+    size = family.size if family is not None and family.scope == "sweep" else num_tested
+    return legend.uncertainty_notes(options.test, options.correction, family_line, options.ci, size, entries, compared)
 
 
 def _legend(options: TableOptions, num_tested: int, num_queries: int | None, collection: str,
@@ -245,7 +260,8 @@ def _legend(options: TableOptions, num_tested: int, num_queries: int | None, col
     return [
         f"{DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}; in parentheses the change against the baseline "
         "(same model and size, no augmentation, plain ranking loss) in percent.",
-        f"† p < 0.05, ° p < 0.10: {TEST_NAMES[options.test]}{queries} against the baseline{corrected}.",
+        f"† p < 0.05, ° p < 0.10: {test_name(options.test, _tested_size(options, num_tested, family))}{queries} "
+        f"against the baseline{corrected}.",
         "Best per row in bold, second underlined. failed / stale / interrupted / pending / running / missing / n/a: no number "
         "(never 0).",
     ]
@@ -258,11 +274,11 @@ def table_family(results: SweepResults, options: TableOptions, family: Family | 
     return Family("table", options.correction)
 
 
-def family_p_values(family: Family, prefix: str) -> dict[str, float] | None:
-    """The sweep family's corrected p-values on ``prefix`` by system label (None: the table is the family)."""
+def family_p_values(family: Family, prefix: str, metric: str) -> dict[str, float] | None:
+    """The sweep family's corrected p-values of ``metric`` on ``prefix`` by system label (None: the table is the family)."""
     if family.scope != "sweep":
         return None
-    return {label: p for (where, label), p in family.adjusted.items() if where == prefix}
+    return {label: p for (measure, where, label), p in family.adjusted.items() if where == prefix and measure == metric}
 
 
 def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[str, ...], cols: str,
@@ -277,7 +293,8 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
     all_systems = systems(results, options.metric, prefix)
     family = table_family(results, options, family)
     entries = compare_with_baselines(all_systems, options.test, options.correction, ci=options.ci,
-                                     adjusted=family_p_values(family, prefix))
+                                     adjusted=family_p_values(family, prefix, options.metric),
+                                     family_size=family.size if family.scope == "sweep" else None)
 
     def column_label(system: SystemResult) -> str:
         if system.is_baseline:
@@ -306,9 +323,10 @@ def grid_table(results: SweepResults, prefix: str, collection: str, rows: tuple[
     legend.append(f"{first_stage_column}: " + ("the ranking every system re-ranks" if has_baseline
                                                else f"{results.first_stage_label(prefix)} alone") +
                   ", for reference (not compared, not marked).")
-    legend += _uncertainty_notes(options, num_tested, family, entries.values(), compared=has_baseline)
+    legend += uncertainty_notes(options, num_tested, family, entries.values(), compared=has_baseline)
     return Table(f"{results.sweep.name}: {DISPLAY_NAMES.get(options.metric, options.metric)} on {collection}",
-                 list(rows), [first_stage_column, *columns], body, legend, ci=options.ci, show_seeds=options.seeds)
+                 list(rows), [first_stage_column, *columns], body, legend, ci=options.ci, show_seeds=options.seeds,
+                 correction=options.correction)
 
 
 def first_stage_title(label: str) -> str:
@@ -365,8 +383,9 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
             chosen_labels[model] = chosen.label
             baseline = baseline_of(chosen, all_systems)
             shown = [chosen] + ([baseline] if baseline else [])
+            # the table's family: corrected below
             entries = compare_with_baselines(all_systems, options.test, "none", shown, ci=options.ci,
-                                             adjusted=family_p_values(family, prefix))  # the table's family: corrected below
+                                             adjusted=family_p_values(family, prefix, options.metric))
             row.append(entries[id(chosen)])
             base_entry = entries[id(baseline)] if baseline else Entry(None, "missing")
             baseline_row.append(base_entry)
@@ -400,9 +419,10 @@ def zero_shot_table(results: SweepResults, options: TableOptions, select: dict[s
                    else "(best validation nDCG@10 among the largest training size)")
                 + ", with its baseline beneath; the average row has no significance test.")
     notes.append("systems: " + "; ".join(f"{m}: {label}" for m, label in chosen_labels.items()))
-    notes += _uncertainty_notes(options, num_tested, family, [e for _, row in body for e in row])
+    notes += uncertainty_notes(options, num_tested, family, [e for _, row in body for e in row])
     return Table(f"{results.sweep.name}: zero-shot {DISPLAY_NAMES.get(options.metric, options.metric)}",
-                 ["collection"], models, body, notes, ci=options.ci, show_seeds=options.seeds)
+                 ["collection"], models, body, notes, ci=options.ci, show_seeds=options.seeds,
+                 correction=options.correction)
 
 
 def transfer_table(all_results: list[SweepResults], options: TableOptions, select: dict[str, str]) -> Table:

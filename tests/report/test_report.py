@@ -30,7 +30,7 @@ from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
 from tests.helpers import run_cli
 from tests.report.test_robustness import _reader
-from tests.workloads.evaluation.test_statistics import _percentile_reference
+from tests.workloads.evaluation.test_statistics import _t_reference
 from workloads.core.errors import InputError
 from workloads.evaluation import Evaluation
 from workloads.evaluation.significance import paired_test
@@ -375,12 +375,12 @@ def _raw_p_values(values):
     return out
 
 
-def test_ci_entries_hold_the_bootstrap_interval_direction_and_effect(store):
+def test_ci_entries_hold_the_t_interval_direction_and_effect(store):
     *_, values = store
     row = _by_name(_table(store, ci=True), ("tiny", "100"))
     scl, ctriplet = row["bm25 / pointwise+scl"], row["bm25 / pointwise+ctriplet"]
     d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]
-    assert scl.ci == pytest.approx(tuple(_percentile_reference(d)), abs=1e-12)
+    assert scl.ci == pytest.approx(_t_reference(d), abs=1e-12)  # one seed: scipy's paired t interval
     assert scl.difference == pytest.approx(d.mean()) and scl.effect == pytest.approx(d.mean() / d.std(ddof=1))
     assert (scl.direction.won, scl.direction.tied, scl.direction.lost) == (int((d > 0).sum()), 0, int((d < 0).sum()))
     assert (ctriplet.direction.won, ctriplet.direction.tied, ctriplet.direction.lost) == (20, 0, 20)  # +0.05, -0.05, ...
@@ -445,7 +445,7 @@ def test_report_cli_ci_family_sweep_bh_prints_intervals_direction_and_the_family
     """The issue's 'done when': intervals, won/tied/lost and the family note, in every format."""
     work, uri, *_, values = store
     d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]
-    low, high = _percentile_reference(d)
+    low, high = _t_reference(d)  # BH: the interval stays at 95% (the legend says so)
     interval = f"[{low:+.4f}, {high:+.4f}]"
     proc = _cli(work, "report", str(work / "report-grid.yaml"), "--tracking-uri", uri, "--out", str(work / "ci"),
                 "--ci", "--family", "sweep", "--correction", "bh")
@@ -477,7 +477,7 @@ def test_compare_always_shows_the_interval_direction_and_effect(store):
     result = compare_runs(tracker, a, b)
     ndcg = next(m for m in result["measures"] if m["metric"] == "ndcg_at_10")
     d = values[("pointwise+scl", "bm25", "100")][0] - values[("pointwise", "none", "100")][0]  # B - A
-    assert (ndcg["ci_low"], ndcg["ci_high"]) == pytest.approx(tuple(_percentile_reference(d)), abs=1e-12)
+    assert (ndcg["ci_low"], ndcg["ci_high"]) == pytest.approx(_t_reference(d), abs=1e-12)
     assert (ndcg["won"], ndcg["tied"], ndcg["lost"]) == (40, 0, 0) and ndcg["ci_low"] > 0
     assert ndcg["effect_size"] == pytest.approx(d.mean() / d.std(ddof=1), abs=1e-9)
     text = format_comparison(result)

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.report.render import render_csv, render_markdown
 from orchestrator.report.results import STATUS_OK
 from orchestrator.report.robustness import perturbed_vs_clean, robustness_table, sweep_robustness
-from tests.workloads.evaluation.test_statistics import _multi_reference, _percentile_reference
+from tests.workloads.evaluation.test_statistics import _crossed_reference, _t_reference
 from workloads.evaluation.significance import adjust_p_values, paired_test
 
 
@@ -133,7 +133,7 @@ def test_robustness_table_takes_the_correction_intervals_and_seeds():
     assert int(re.search(r"(\d+) comparisons", family).group(1)) == len(raw) and "Holm" in family
     typo = dict(zip(table.columns, table.rows[0][1]))["typo AP"]
     d = np.array([TYPO["ap"][q] - CLEAN["ap"][q] for q in sorted(CLEAN["ap"])])
-    assert typo.ci == pytest.approx(tuple(_percentile_reference(d)), abs=1e-12)
+    assert typo.ci == pytest.approx(_t_reference(d), abs=1e-12)
     assert (typo.direction.won, typo.direction.tied, typo.direction.lost) == (0, 1, 3)
     assert "ci_low" in render_csv(table).splitlines()[0]
     # two seeds: seed by seed against their own clean values; the spread of each column
@@ -144,5 +144,5 @@ def test_robustness_table_takes_the_correction_intervals_and_seeds():
     assert row["clean AP"].seed_std == pytest.approx(abs(means[0] - means[1]) / np.sqrt(2))
     d = np.array([[run["robust_typo_"]["ap"][q] - run["test_"]["ap"][q] for q in sorted(CLEAN["ap"])]
                   for run in ({"test_": CLEAN, "robust_typo_": TYPO}, SEED_14["mhl"])])
-    assert row["typo AP"].ci == pytest.approx(tuple(_multi_reference(d)), abs=1e-12)
+    assert row["typo AP"].ci == pytest.approx(tuple(_crossed_reference(d)), abs=1e-12)
     assert "each seed" in render_markdown(seeded)

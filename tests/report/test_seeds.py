@@ -17,7 +17,7 @@ from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
 from orchestrator.sweep.winners import log_cell_statistics
 from tests.report.test_report import QUERIES, _by_name, _evaluation
-from tests.workloads.evaluation.test_statistics import _multi_reference
+from tests.workloads.evaluation.test_statistics import _crossed_reference
 
 TWO_SEEDS = {
     "name": "two-seeds",
@@ -61,10 +61,10 @@ def test_a_cell_of_two_seeds_shows_their_mean_and_spread(two_seeds):
     assert base.seed_std == pytest.approx(0.02 / np.sqrt(2))
     assert dict(scl.per_seed) == pytest.approx({"13": m13, "14": m14})
     d = np.vstack([values[("pointwise+scl", s)] - values[("pointwise", s)] for s in ("13", "14")])  # seed by seed
-    assert scl.ci == pytest.approx(tuple(_multi_reference(d)), abs=1e-12)
+    assert scl.ci == pytest.approx(tuple(_crossed_reference(d)), abs=1e-12)
     md = render_markdown(table)
     assert f"**{scl.value:.4f}** ± {scl.seed_std:.4f} (" in md and f"13: {m13:.4f}, 14: {m14:.4f}" in md
-    assert "resamples of the queries and of the seeds" in md and "(2 seeds)" in md
+    assert "seeds and queries both random" in md and "(2 seeds)" in md
     record = next(r for r in csv.DictReader(io.StringIO(render_csv(table))) if r["column"] == "bm25 / pointwise+scl")
     assert record["seeds"] == "2" and float(record["seed_std"]) == pytest.approx(scl.seed_std)
     assert record["seed_values"] == f"13={float(m13)!r};14={float(m14)!r}"
@@ -86,7 +86,7 @@ def test_a_sweep_logs_seeds_and_intervals_on_its_cell_runs(two_seeds):
     assert scl["test/ndcg_at_10_seed_std"] == pytest.approx(abs(m13 - m14) / np.sqrt(2))
     assert scl["test/ndcg_at_10_seeds"] == 2
     d = np.vstack([values[("pointwise+scl", s)] - values[("pointwise", s)] for s in ("13", "14")])
-    low, high = _multi_reference(d)
+    low, high = _crossed_reference(d)
     assert (scl["test/ndcg_at_10_ci_low"], scl["test/ndcg_at_10_ci_high"]) == pytest.approx((low, high), abs=1e-12)
     assert scl["test/ndcg_at_10_difference"] == pytest.approx(d.mean())
     assert raw.get_run(runs[cells[("pointwise+scl", "13")].key]).data.metrics["test/ndcg_at_10_ci_low"] == pytest.approx(low)

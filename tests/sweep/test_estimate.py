@@ -17,14 +17,14 @@ from orchestrator.sweep.grid import SweepSpec
 from workloads.core.errors import InputError
 
 
-def _sweep(model: str, augmentation: str = "none", zero_shot=()) -> SweepSpec:
+def _sweep(model: str, augmentation: str = "none", zero_shot=(), seeds=(13,)) -> SweepSpec:
     return SweepSpec.model_validate({
         "name": "estimated",
         "base": {"data": {"collection": "beir/scifact", "validation_queries": 5},
                  "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
                  "optimization": {"epochs": 2, "batch_size": 8}, "resources": {"workers": 1, "cpus_per_worker": 1}},
         "grid": {"models": [model], "max_length": 64, "losses": [{"ranking": "pointwise"}],
-                 "augmentations": [{"method": augmentation, "k": 2}], "sizes": [16]},
+                 "augmentations": [{"method": augmentation, "k": 2}], "sizes": [16], "seeds": list(seeds)},
         "search": {"trials_per_cell": 3}, "zero_shot": list(zero_shot)})
 
 
@@ -42,6 +42,16 @@ def test_one_cell_by_hand(tmp_path, tiny_model_dir, scifact_dir):
     assert result["cost"] == pytest.approx(2.0 * result["device_hours"])
     done = estimate(sweep, choose_profile(sweep, "mine", profile_file), trials_left={cell["key"]: 0})
     assert done["device_hours"] == 0 and done["trials"] == 0  # nothing left to run, nothing left to test
+
+
+def test_each_seed_is_counted_trials_and_hours(tiny_model_dir, scifact_dir):
+    """Seeds are cells: three seeds cost three times one (the claim grids ship three)."""
+    a10g = load_throughputs(None)["a10g"]
+    one = estimate(_sweep(str(tiny_model_dir)), a10g)
+    three = estimate(_sweep(str(tiny_model_dir), seeds=(13, 14, 15)), a10g)
+    assert (one["trials"], three["trials"]) == (3, 9)
+    assert three["device_hours"] == pytest.approx(3 * one["device_hours"]) and one["device_hours"] > 0
+    assert sorted(c["axes"]["seed"] for c in three["cells"]) == ["13", "14", "15"]
 
 
 def test_augmentation_doubles_the_training_pairs_and_zero_shot_targets_add_test_pairs(tiny_model_dir, scifact_dir):

@@ -20,8 +20,9 @@ def test_sir_doc19_dry_run_lists_v0_and_the_variants_per_model():
                    "/tmp/rerank-lab-dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    # 2 models x (V0 baseline + v1/v2: 5 columns + v3/v4 x top/random x 3/4 levels) = 28 cells, 3 trials each
-    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["unavailable_cells"]) == (28, 2, 84, 0)
+    # 2 models x (V0 baseline + v1/v2: 5 columns + v3/v4 x top/random x 3/4 levels) = 28 cells per seed, x 3 seeds
+    # (what the report's calibration asks for), 3 trials each
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"], plan["unavailable_cells"]) == (84, 6, 252, 0)
     losses = {c["loss"] for c in plan["cells_detail"]}
     staged = {"sir@v1[48-16,random]", "sir@v1[48-16]", "sir@v2[48-16,random]", "sir@v2[48-16]", "sir@v2[48-16-8,random]"}
     assert losses == {"sir"} | staged | {f"sir@{v}[{levels}{sel}]" for v in ("v3", "v4") for levels in ("48-16", "48-16-8")

@@ -5,11 +5,16 @@ measure. The tests are scipy's; a result is marked significant at 95% (p < 0.05)
 90% (p < 0.10).
 
 - ``t``: paired two-sided t-test (``scipy.stats.ttest_rel``), the default, as in AUG.
-- ``wilcoxon``: Wilcoxon signed-rank test (``scipy.stats.wilcoxon``, zero differences
-  dropped as in Wilcoxon's original test).
+- ``wilcoxon``: Wilcoxon signed-rank test (``scipy.stats.wilcoxon``) on the differences
+  rounded to 0 within :data:`DIFFERENCE_TOLERANCE` (the tolerance won / tied / lost use), zero
+  differences dropped as in Wilcoxon's original test.
 - ``randomization``: Fisher's paired randomization (sign-flip permutation) test of the
-  mean difference (``scipy.stats.permutation_test``, 10,000 resamples, seeded), as
-  recommended for IR by Smucker, Allan and Carterette (CIKM 2007).
+  mean difference (``scipy.stats.permutation_test``, seeded), as recommended for IR by
+  Smucker, Allan and Carterette (CIKM 2007). Its resolution follows the family
+  (:func:`randomization_resamples`): at least 10,000 resamples and 20 per corrected threshold
+  (``20 m / 0.05``), so that a Bonferroni/Holm-corrected p of a family of ``m`` can fall under
+  0.05; beyond :data:`MAX_RANDOMIZATION_RESAMPLES` the sign-flip distribution's normal
+  approximation (its mean 0, variance the sum of squared differences) gives the p.
 
 Multiple comparisons (:func:`adjust_p_values`): Holm (1979) and Bonferroni control the
 family-wise error rate, Benjamini-Hochberg (1995) the false discovery rate
@@ -36,9 +41,10 @@ CORRECTIONS: tuple[str, ...] = ("none", "holm", "bonferroni", "bh")
 CORRECTION_NAMES = {"none": "not corrected", "holm": "Holm", "bonferroni": "Bonferroni",
                     "bh": "Benjamini-Hochberg (false discovery rate)"}
 TEST_NAMES = {"t": "paired two-sided t-test", "wilcoxon": "two-sided Wilcoxon signed-rank test",
-              "randomization": "two-sided Fisher's paired randomization test (10,000 permutations)"}
+              "randomization": "two-sided Fisher's paired randomization test (10,000 permutations, more in a large family)"}
 LEVELS = (0.05, 0.10)  # 95% and 90%
-RANDOMIZATION_RESAMPLES = 10_000
+RANDOMIZATION_RESAMPLES = 10_000  # the least: a family of one
+MAX_RANDOMIZATION_RESAMPLES = 200_000  # more: the normal approximation (queries x resamples values held)
 # per-query values closer than this are equal: measures lie in [0, 1] and rounding differs by far less
 DIFFERENCE_TOLERANCE = 1e-6
 
@@ -71,8 +77,28 @@ def paired_values(a: dict[str, float], b: dict[str, float]) -> tuple[list[str], 
     return qids, np.array([a[q] for q in qids], dtype=float), np.array([b[q] for q in qids], dtype=float)
 
 
-def paired_test(a: dict[str, float], b: dict[str, float], test: PairedTest = "t", seed: int = 13) -> PairedComparison:
-    """Two-sided p-value of the paired ``test`` between per-query values ``a`` and ``b``.
+def randomization_resamples(family_size: int = 1, alpha: float = LEVELS[0]) -> int:
+    """Resamples a randomization test needs in a family of ``family_size`` corrected by
+    Holm/Bonferroni: 20 per corrected threshold ``alpha / m`` (its smallest p is 1 / (B + 1))."""
+    return max(RANDOMIZATION_RESAMPLES, math.ceil(20 * max(family_size, 1) / alpha))
+
+
+def smallest_p(test: str, num_queries: int, family_size: int = 1) -> float:
+    """The smallest p-value ``test`` can give on ``num_queries`` queries (0: none binds)."""
+    if test == "randomization":
+        resamples = randomization_resamples(family_size)
+        if resamples > MAX_RANDOMIZATION_RESAMPLES:
+            return 0.0
+        return max(1.0 / (resamples + 1), 2.0 ** (1 - num_queries))  # exact when every sign flip is drawn
+    if test == "wilcoxon" and num_queries <= 50:  # scipy's exact distribution: all same-signed ranks
+        return 2.0 ** (1 - num_queries)
+    return 0.0
+
+
+def paired_test(a: dict[str, float], b: dict[str, float], test: PairedTest = "t", seed: int = 13,
+                family_size: int = 1) -> PairedComparison:
+    """Two-sided p-value of the paired ``test`` between per-query values ``a`` and ``b``
+    (``family_size``: the comparisons corrected together; the randomization test's resolution).
 
     Degenerate inputs get the p-value of their limit instead of scipy's NaN: identical
     systems (every difference 0) have p = 1; a constant non-zero difference over two or more
@@ -97,11 +123,14 @@ def paired_test(a: dict[str, float], b: dict[str, float], test: PairedTest = "t"
         else:
             p = float(stats.ttest_rel(x, y).pvalue)
     elif test == "wilcoxon":
-        p = float(stats.wilcoxon(x, y, zero_method="wilcox").pvalue)
+        p = float(stats.wilcoxon(diff, zero_method="wilcox").pvalue)
+    elif randomization_resamples(family_size) > MAX_RANDOMIZATION_RESAMPLES:
+        # the sign-flip statistic sum(d * sign) has mean 0 and variance sum(d^2) (scipy has no such test)
+        p = float(2 * stats.norm.sf(abs(diff.sum()) / math.sqrt(float((diff ** 2).sum()))))
     else:
         result = stats.permutation_test(
             (x, y), lambda u, v, axis: np.mean(u - v, axis=axis), permutation_type="samples",
-            vectorized=True, n_resamples=RANDOMIZATION_RESAMPLES, alternative="two-sided",
+            vectorized=True, n_resamples=randomization_resamples(family_size), alternative="two-sided",
             rng=np.random.default_rng(seed))
         p = float(result.pvalue)
     return PairedComparison(float(x.mean()), float(y.mean()), p, n)

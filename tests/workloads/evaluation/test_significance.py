@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from workloads.evaluation.significance import PAIRED_TESTS, adjust_p_values, paired_test, relative_change, significance_level
+from workloads.evaluation.significance import (
+    PAIRED_TESTS,
+    adjust_p_values,
+    paired_test,
+    randomization_resamples,
+    relative_change,
+    significance_level,
+)
 
 QUERIES = [f"q{i}" for i in range(40)]
 
@@ -112,3 +119,24 @@ def test_differences_at_rounding_level_are_no_difference():
         assert paired_test(rounded, a, test).p_value == 1.0
     noisy = {q: v + (1e-12 if i % 2 else -1e-12) + 0.1 for i, (q, v) in enumerate(a.items())}
     assert paired_test(noisy, a, "t").p_value == 0.0  # a constant 0.1 up to rounding: zero variance
+
+
+def test_wilcoxon_ranks_differences_rounded_to_the_tolerance():
+    """Issue 58 item 5: 1e-12 noise on 40 of 60 queries is no difference (it moved p 0.179 -> 0.240)."""
+    rng = np.random.default_rng(0)
+    base = {f"q{i}": float(v) for i, v in enumerate(rng.uniform(0, 1, 60))}
+    diff = np.r_[rng.normal(0.02, 0.05, 20), np.zeros(40)]
+    clean = {q: base[q] + d for q, d in zip(sorted(base), diff)}
+    noisy = {q: v + (1e-12 if i >= 20 else 0.0) for i, (q, v) in enumerate(sorted(clean.items()))}
+    expected = stats.wilcoxon(diff, zero_method="wilcox").pvalue  # the same zeros dropped
+    assert paired_test(noisy, base, "wilcoxon").p_value == pytest.approx(paired_test(clean, base, "wilcoxon").p_value)
+    assert paired_test(clean, base, "wilcoxon").p_value == pytest.approx(expected, rel=1e-6)
+
+
+def test_randomization_resolution_follows_the_family():
+    """Issue 58 item 2: with 500 comparisons Bonferroni needs p < 1e-4; 10,000 resamples cannot give it."""
+    assert randomization_resamples(1) == 10_000 and randomization_resamples(500) == 200_000
+    a = {f"q{i}": 0.5 + 0.1 * (i % 3 + 1) for i in range(50)}
+    b = {q: 0.5 for q in a}
+    assert paired_test(a, b, "randomization", family_size=500).p_value * 500 < 0.05
+    assert paired_test(a, b, "randomization").p_value * 500 >= 0.05  # today's 10,000: 1/10,001 x 500
