@@ -116,7 +116,8 @@ def test_a_spot_notice_drains_the_node_as_preempted_and_train_restarts_elsewhere
                                     "--node-id", node_id, "--every", "0.2"], env=env, stderr=open(tmp_path / "watcher.err", "w"))
         time.sleep(3)
         assert ray._private.state.state.get_draining_nodes() == {}  # no notice yet: nothing drained
-        notice_time = datetime.fromtimestamp(int(time.time()) + 4, tz=UTC)
+        # 10 s ahead: well after the watcher's next polls even on a loaded machine (no clamp to now + 1 s)
+        notice_time = datetime.fromtimestamp(int(time.time()) + 10, tz=UTC)
         monkeypatch.setattr(fake_metadata, "NOTICE", {"action": "terminate", "time": notice_time.strftime("%Y-%m-%dT%H:%M:%SZ")})
         FakeMetadata.announced.set()
         drained = {}

@@ -32,7 +32,7 @@ def test_cluster_yaml_validates_against_rays_schema():
     assert any("cluster/node-setup.sh worker" in c for c in config["worker_setup_commands"])
     assert any("service.sh start mlflow" in c for c in config["head_start_ray_commands"])
     setup = (REPO / "cluster" / "node-setup.sh").read_text()
-    assert '"python$python_version" -m venv .venv' in setup and "pip install -q -e" in setup  # cluster/python-version's
+    assert '"python$python_version" -m venv .venv' in setup and '"${pip_install[@]}" -e' in setup  # cluster/python-version's
     shared = "\n".join(line for line in setup.splitlines() if line.startswith("export "))  # downloads and the cache on the shared volume
     for variable in ("HF_HOME", "IR_DATASETS_HOME", "ORCHESTRATE_CACHE_DIR", "ANSERINI_INDEX_CACHE"):
         assert f"{variable}=$shared/" in shared
