@@ -134,7 +134,8 @@ class _Routing:
             consoles = [h for h in logger.handlers
                         if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
             for handler in consoles:
-                self.raised.append((handler, handler.level))
+                if all(handler is not seen for seen, _ in self.raised):  # one handler on two loggers: its level once
+                    self.raised.append((handler, handler.level))
                 handler.setLevel(max(handler.level, logging.WARNING))
             if consoles:
                 logger.addHandler(to_file)

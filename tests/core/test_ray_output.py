@@ -129,3 +129,22 @@ def test_verbose_routes_nothing_and_a_run_that_never_starts_ray_writes_no_file(t
     with ray_output_to(tmp_path / "run.log"):  # a trial reused, or bad input before Ray starts
         pass
     assert not list(tmp_path.iterdir()) and project_log.getvalue() == ""
+
+
+def test_a_handler_on_two_of_ray_s_loggers_gets_its_own_level_back(tmp_path):
+    # (pytest's own capture handler sits on several loggers at once: left at WARNING, every later test's
+    # records at INFO were lost)
+    import ray  # noqa: F401
+
+    shared = logging.StreamHandler(io.StringIO())
+    loggers = [logging.getLogger("ray.probe_one"), logging.getLogger("ray.probe_two")]
+    for logger in loggers:
+        logger.addHandler(shared)
+    try:
+        with ray_output_to(tmp_path / "run.log"):
+            ray_output.attach()
+            assert shared.level == logging.WARNING
+        assert shared.level == logging.NOTSET
+    finally:
+        for logger in loggers:
+            logger.removeHandler(shared)
