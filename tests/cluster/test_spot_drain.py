@@ -16,6 +16,8 @@ import pytest
 
 import tests.workloads.training.test_spot_notice as fake_metadata
 from orchestrator.core import spot_drain
+from orchestrator.core.execution import API_SERVER_ENV
+from orchestrator.core.ray_address import free_port
 from tests.workloads.training.test_spot_notice import TOKEN, FakeMetadata, metadata  # noqa: F401 (a fixture)
 from workloads.training.spot import SpotNotice
 
@@ -88,8 +90,15 @@ def test_a_spot_notice_drains_the_node_as_preempted_and_train_restarts_elsewhere
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    # tests/conftest.py's "local" is not for the cluster's processes. Train V2's placement group
+    # cleaner (a worker) asks the State API whether its controller lives: point it at this
+    # cluster's dashboard, as orchestrator/core/execution.py's init_ray does for a private Ray
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    dashboard_port = free_port()
+    monkeypatch.setenv(API_SERVER_ENV, f"http://127.0.0.1:{dashboard_port}")
     temp_dir = tempfile.mkdtemp(prefix="r55b-", dir="/tmp")  # short: Ray's socket paths must fit
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": temp_dir})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": temp_dir, "dashboard_host": "127.0.0.1",
+                                                            "dashboard_port": dashboard_port})
     workers = [cluster.add_node(num_cpus=1, temp_dir=temp_dir) for _ in range(2)]
     cluster.wait_for_nodes()
     marks = tmp_path / "marks"
@@ -97,17 +106,27 @@ def test_a_spot_notice_drains_the_node_as_preempted_and_train_restarts_elsewhere
     watcher = None
     try:
         ray.init(address=cluster.address)
-        trainer = DataParallelTrainer(
-            train_until_preempted, train_loop_config={"marks": str(marks)},
-            scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
-            # no retry for a failure: the test fails unless the loss is a preemption
-            run_config=RunConfig(name="spot", storage_path=str(tmp_path / "store"), failure_config=FailureConfig(max_failures=0)))
+        def trainer(attempt):
+            return DataParallelTrainer(
+                train_until_preempted, train_loop_config={"marks": str(marks)},
+                scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
+                # no retry for a failure: the test fails unless the loss is a preemption
+                run_config=RunConfig(name=f"spot-{attempt}", storage_path=str(tmp_path / "store"),
+                                     failure_config=FailureConfig(max_failures=0)))
+
         result = {}
-        fit = threading.Thread(target=lambda: result.update(fit=trainer.fit()), daemon=True)
-        fit.start()
-        deadline = time.time() + 120
-        while not (marks / "first").exists() and time.time() < deadline:
-            time.sleep(0.2)
+        for attempt in range(2):
+            # a second start only when the first run ended before its worker began (Ray's placement
+            # group cleaner once read a live controller as dead on a loaded machine): nothing is
+            # asserted before the worker's mark, and max_failures=0 stays for the drain
+            fit = threading.Thread(target=lambda a=attempt: result.update(fit=trainer(a).fit()), daemon=True)
+            fit.start()
+            deadline = time.time() + 120
+            while not (marks / "first").exists() and fit.is_alive() and time.time() < deadline:
+                time.sleep(0.2)
+            if (marks / "first").exists() or fit.is_alive():
+                break
+        assert (marks / "first").exists(), f"the worker never started: {result.get('fit')}"
         node_id = (marks / "first").read_text()
         assert node_id in {w.node_id for w in workers}
         # the watcher for that node, started as cluster.yaml starts it (a node id named: two nodes share this machine)
