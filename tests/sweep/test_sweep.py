@@ -250,20 +250,20 @@ def test_doc19_dry_run_counts():
     proc = run_cli(REPO, "sweep", str(REPO / "search_spaces" / "doc19.yaml"), "--dry-run", "--json", "--storage", "/tmp/rerank-lab-dry-run")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    # 3 models x 5 sizes x (1 baseline + 4 losses x 4 augmentations) = 255 cells, x 4 trials = 1,020 trial runs
-    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"]) == (255, 15, 1020)
-    assert plan["unavailable_cells"] == 0 and plan["runnable_cells"] == 255
-    # one selector per (method, model, size): selector.data is cell, so each size trains its own
+    # 3 models x 5 sizes x (1 baseline + 4 losses x 4 augmentations) x 3 seeds = 765 cells, x 4 trials = 3,060 trial runs
+    assert (plan["cells"], plan["baseline_cells"], plan["trials_planned"]) == (765, 45, 3060)
+    assert plan["unavailable_cells"] == 0 and plan["runnable_cells"] == 765
+    # one selector per (method, model, size, seed): selector.data is cell, so each size and seed trains its own
     selectors = plan["selectors"]
-    assert len(selectors) == 2 * 3 * 5 and len({s["key"] for s in selectors}) == 30
+    assert len(selectors) == 2 * 3 * 5 * 3 and len({s["key"] for s in selectors}) == 90
     assert {(s["method"], s["cells"], s["data"], s["k"]) for s in selectors} == {("linear", 4, "cell", 20), ("attention", 4, "cell", 20)}
-    assert plan["mlflow_runs_planned"] == 1 + 255 + 1020 + 30
+    assert plan["mlflow_runs_planned"] == 1 + 765 + 3060 + 90
     human = run_cli(REPO, "sweep", str(REPO / "search_spaces" / "doc19.yaml"), "--dry-run", "--storage", "/tmp/rerank-lab-dry-run")
-    assert "255 cells" in human.stdout and "1020 trial runs" in human.stdout
-    assert "selectors: 30" in human.stdout and "selector-attention-" in human.stdout
+    assert "765 cells" in human.stdout and "3060 trial runs" in human.stdout
+    assert "selectors: 90" in human.stdout and "selector-attention-" in human.stdout
     # the compute estimate: use_gpu: true -> the A10G profile, every target's size known (TREC-DL 2019 + six zero-shot)
     estimate = plan["estimate"]
-    assert estimate["profile"]["name"] == "a10g" and estimate["trials"] == 1020 and not estimate["cells_with_unknown_sizes"]
+    assert estimate["profile"]["name"] == "a10g" and estimate["trials"] == 3060 and not estimate["cells_with_unknown_sizes"]
     assert estimate["device_hours"] == pytest.approx(estimate["train_hours"] + estimate["evaluation_hours"])
     largest = max(estimate["cells"], key=lambda c: c["hours"])
     assert largest["axes"]["size"] == "100000" and largest["train_pairs"] == 100000 * 2 * 2  # augmented, 2 epochs
