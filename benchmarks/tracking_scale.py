@@ -2,7 +2,8 @@
 
 A doc19-shaped MLflow store is written THROUGH THE PROJECT'S OWN CODE, with synthetic values and
 no training: the grid is ``search_spaces/doc19.yaml`` expanded by ``orchestrator.sweep.grid``
-(765 cells over its three seeds, the real cell keys, axes and specs; ``--scale 0.333``: 255, one seed's size); the Optuna studies are the sweep's own
+(765 cells over its three seeds, the real cell keys, axes and specs; ``--scale 0.333``: 255, one
+seed's size); the Optuna studies are the sweep's own
 ``CellStudiesSearcher`` (one study per cell in ``<storage>/doc19/optuna.db``, TPE asked, every
 epoch reported, trials told); each trial run is written by the sweep's own Tune callback
 (``MlflowTrialLogger``, fed fake Tune trial objects: full flattened spec params, per-epoch
@@ -654,7 +655,8 @@ def measure_store(uri: str, work: Path, storage: Path, args, store: str) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=1.0, help="fraction of doc19's 765 cells written (0.1: a smoke run; 0.333: one seed's 255)")
+    parser.add_argument("--scale", type=float, default=1.0, 
+                        help="fraction of doc19's 765 cells written (0.1: a smoke run; 0.333: one seed's 255)")
     parser.add_argument("--trials", type=int, default=4, help="trial runs per cell (doc19: 4)")
     parser.add_argument("--epochs", type=int, default=5, help="per-epoch metric steps per trial run (doc19 trains 2)")
     parser.add_argument("--run-depth", type=int, default=100, help="documents per query in the logged TREC runs (doc19: 100)")
