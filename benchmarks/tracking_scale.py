@@ -655,7 +655,7 @@ def measure_store(uri: str, work: Path, storage: Path, args, store: str) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", type=float, default=1.0, 
+    parser.add_argument("--scale", type=float, default=1.0,
                         help="fraction of doc19's 765 cells written (0.1: a smoke run; 0.333: one seed's 255)")
     parser.add_argument("--trials", type=int, default=4, help="trial runs per cell (doc19: 4)")
     parser.add_argument("--epochs", type=int, default=5, help="per-epoch metric steps per trial run (doc19 trains 2)")
