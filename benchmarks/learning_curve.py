@@ -8,8 +8,9 @@ for the fused ranking against its BM25 (the paired t 95% interval over the 300 t
 the report's statistics). Per size: test nDCG@10 of the cross-encoder alone, fused and BM25,
 fused - BM25 with its interval, training seconds per epoch, the trial's wall seconds, training
 pairs per second, and the load average and the machine's busy share while it ran (this is a
-shared machine: say so beside the timings). A timing pair follows (``--timing-size`` pairs, one
-epoch, fp32 and bf16 side by side, the same load): what each precision costs per epoch.
+shared machine: say so beside the timings). A timing pair follows once the curve reaches its size
+(``--timing-size`` pairs, one epoch, fp32 then bf16, in this process with the trial's own loop and
+two threads, no Ray and no test): what each precision costs per epoch, training and validation.
 
 Sizes run cheapest first and the JSON is rewritten after each trial, so partial results exist
 early; a rerun with the same ``--workdir`` reuses the finished trials (their MLflow runs).
@@ -35,14 +36,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _machine import cpu_seconds  # noqa: E402  (benchmarks/ is sys.path[0])
+from _in_process import train_in_process  # noqa: E402  (benchmarks/ is sys.path[0])
+from _machine import cpu_seconds  # noqa: E402
 from _results import write_results  # noqa: E402
 
 BASE_TRIAL = REPO / "search_spaces" / "trials" / "trial-scifact.yaml"
 METRIC = "ndcg_at_10"
 
 
-def trial_file(workdir: Path, name: str, size: int, epochs: int, precision: str, args) -> Path:
+def trial_config(name: str, size: int, epochs: int, precision: str, args) -> dict:
     """trial-scifact.yaml with this size, epochs, precision, max_length and test depth."""
     trial = yaml.safe_load(BASE_TRIAL.read_text())
     trial["name"] = name
@@ -50,8 +52,12 @@ def trial_file(workdir: Path, name: str, size: int, epochs: int, precision: str,
     trial["model"]["max_length"] = args.max_length
     trial["first_stage"]["test_depth"] = args.test_depth
     trial["optimization"] |= {"epochs": epochs, "precision": precision}
+    return trial
+
+
+def trial_file(workdir: Path, name: str, size: int, epochs: int, precision: str, args) -> Path:
     path = workdir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(trial, sort_keys=False))
+    path.write_text(yaml.safe_dump(trial_config(name, size, epochs, precision, args), sort_keys=False))
     return path
 
 
@@ -97,6 +103,30 @@ def run_trial(workdir: Path, name: str, size: int, epochs: int, precision: str, 
     }
 
 
+def time_epoch(precision: str, args) -> dict:
+    """One epoch of ``--timing-size`` pairs in ``precision`` in this process (the trial's own loop,
+    no Ray, no test): training and validation seconds, the load meanwhile. Data are prepared
+    (and cached) before the clock starts."""
+    import torch
+
+    from workloads.kinds.rerank.spec import TrialSpec
+    from workloads.kinds.rerank.steps import prepare_trial
+
+    spec = TrialSpec.model_validate(trial_config(f"lc-timing-{precision}", args.timing_size, 1, precision, args))
+    prepared = prepare_trial(spec)
+    torch.set_num_threads(int(spec.resources.cpus_per_worker))  # as the trial's one Ray worker does
+    load_before, (busy_before, idle_before) = os.getloadavg()[0], cpu_seconds()
+    epochs, wall = train_in_process(spec, prepared.training)
+    busy, idle = (after - before for after, before in zip(cpu_seconds(), (busy_before, idle_before)))
+    train, validation = epochs[0]["epoch_train_seconds"], epochs[0]["epoch_validation_seconds"]
+    scored = spec.data.validation_queries * spec.first_stage.validation_depth
+    return {"precision": precision, "size": args.timing_size, "max_length": args.max_length,
+            "train_seconds_per_epoch": train, "pairs_per_second": args.timing_size / train,
+            "validation_seconds": validation, "scored_pairs_per_second": scored / validation, "wall_seconds": wall,
+            "load_average_1m": [load_before, os.getloadavg()[0]],
+            "machine_busy_share": busy / (busy + idle) if busy + idle > 0 else None}
+
+
 def print_rows(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     print(f"{'size':>6}{'prec':>6}{'ep':>4}{'BM25':>8}{'CE':>8}{'fused':>8}{'w':>6}{'fused-BM25':>12}{'95% interval':>20}"
@@ -138,17 +168,21 @@ def main() -> int:
             name = f"lc-{args.precision}-{value}x{args.epochs}-len{args.max_length}-top{args.test_depth}"
             curve.append(run_trial(workdir, name, value, args.epochs, args.precision, args))
         else:
-            name = f"lc-timing-{value}-{args.timing_size}x1-len{args.max_length}-top{args.test_depth}"
-            timing.append(run_trial(workdir, name, args.timing_size, 1, value, args))
+            timing.append(time_epoch(value, args))
         complete = len(curve) + len(timing) == len(plan)
-        write_results(args.out, args, complete=complete, curve=curve, timing=timing,
-                      bf16_speedup=(timing[0]["train_seconds_per_epoch"] / timing[1]["train_seconds_per_epoch"]
-                                    if len(timing) == 2 else None))
+        speedup = timing[0]["train_seconds_per_epoch"] / timing[1]["train_seconds_per_epoch"] if len(timing) == 2 else None
+        write_results(args.out, args, complete=complete, curve=curve, timing=timing, bf16_training_speedup=speedup)
     print_rows(f"learning curve ({args.precision}, {args.epochs} epochs, {args.max_length} tokens, test top {args.test_depth}; "
                "timings on a shared machine: see load)", curve)
     if timing:
-        print_rows(f"fp32 vs bf16, {args.timing_size} pairs, 1 epoch, side by side", timing)
-        print(f"bf16 speed-up per epoch: {timing[0]['train_seconds_per_epoch'] / timing[1]['train_seconds_per_epoch']:.2f}x")
+        print(f"\nfp32 vs bf16: {args.timing_size} pairs, 1 epoch, in this process (no Ray), one after the other")
+        print(f"{'precision':<10}{'train s':>9}{'pairs/s':>9}{'validation s':>14}{'scored/s':>10}{'load':>11}{'busy':>6}")
+        for t in timing:
+            load = f"{t['load_average_1m'][0]:.1f}-{t['load_average_1m'][1]:.1f}"
+            print(f"{t['precision']:<10}{t['train_seconds_per_epoch']:>9.1f}{t['pairs_per_second']:>9.2f}"
+                  f"{t['validation_seconds']:>14.1f}{t['scored_pairs_per_second']:>10.2f}{load:>11}{t['machine_busy_share']:>6.2f}")
+        if len(timing) == 2:
+            print(f"bf16 training speed-up: {speedup:.2f}x")
     return 0
 
 
