@@ -83,9 +83,12 @@ def run_trial(workdir: Path, name: str, size: int, epochs: int, precision: str, 
                          "--address", "local", env=env)
     wall = time.perf_counter() - started
     busy, idle = (after - before for after, before in zip(cpu_seconds(), (busy_before, idle_before)))
-    compared = orchestrate("compare", result["mlflow_run_id"], "--tracking-uri", uri, env=env)  # A = BM25, B = fused
+    run_id = result["mlflow_run_id"]
+    compared = orchestrate("compare", f"{run_id}:bm25", run_id, "--tracking-uri", uri, env=env)  # B - A = fused - BM25
     primary = next(m for m in compared["measures"] if m["metric"] == METRIC)
     test, timings = result["test"], result["timings"]
+    if abs(primary["b"] - test["model"][METRIC]) > 1e-9:  # the difference must be the fused ranking's minus BM25's
+        raise SystemExit(f"orchestrate compare's B is {primary['b']}, the trial's fused {test['model'][METRIC]}")
     per_epoch = timings["train_seconds_per_epoch"]
     return {
         "name": name, "size": size, "epochs": epochs, "precision": precision, "max_length": args.max_length,
@@ -142,7 +145,8 @@ def print_rows(title: str, rows: list[dict]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[250, 500, 1000, 2000], help="training pairs per trial")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[250, 500, 1000, 2000],
+                        help="training pairs per trial (none: only the timing pair)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32", "auto"], help="of the curve's trials")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=256, help="tokens per query-document pair")
