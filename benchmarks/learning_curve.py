@@ -70,6 +70,16 @@ def orchestrate(*arguments: str, env: dict) -> dict:
     return json.loads(done.stdout)
 
 
+def steps(sizes: list[int], timing_size: int) -> list[tuple[str, int | str]]:
+    """The order of the work: the curve's sizes smallest first (partial results early), the
+    fp32/bf16 timing pair once the curve has reached its size (none when it is 0)."""
+    plan: list[tuple[str, int | str]] = [("curve", size) for size in sorted(sizes)]
+    if timing_size:
+        at = sum(size <= timing_size for size in sizes)
+        plan[at:at] = [("timing", "fp32"), ("timing", "bf16")]
+    return plan
+
+
 def run_trial(workdir: Path, name: str, size: int, epochs: int, precision: str, args) -> dict:
     """One trial end to end, its comparison with BM25, its cost and the machine's load meanwhile."""
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
@@ -161,11 +171,7 @@ def main() -> int:
 
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    # The timing pair runs once the curve has reached its size: small sizes first, all partial results early
-    plan = [("curve", size) for size in sorted(args.sizes)]
-    if args.timing_size:
-        at = sum(size <= args.timing_size for size in args.sizes)
-        plan[at:at] = [("timing", "fp32"), ("timing", "bf16")]
+    plan = steps(args.sizes, args.timing_size)
     curve, timing = [], []
     for step, value in plan:
         if step == "curve":
