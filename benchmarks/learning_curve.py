@@ -110,9 +110,11 @@ def run_trial(workdir: Path, name: str, size: int, epochs: int, precision: str, 
         "fused_minus_bm25": primary["difference"], "ci_low": primary["ci_low"], "ci_high": primary["ci_high"],
         "p_value": primary["p_value"],
         "train_seconds_per_epoch": per_epoch, "pairs_per_second": size / per_epoch,
-        "trial_seconds": timings["trial_seconds"], "wall_seconds": wall,  # (a reused trial's wall is only the look-up)
-        "load_average_1m": [load_before, os.getloadavg()[0]],
-        "machine_busy_share": busy / (busy + idle) if busy + idle > 0 else None,
+        "trial_seconds": timings["trial_seconds"],
+        # a reused trial ran in an earlier invocation: this one's wall and load are only its look-up's
+        "wall_seconds": None if result["reused"] else wall,
+        "load_average_1m": None if result["reused"] else [load_before, os.getloadavg()[0]],
+        "machine_busy_share": None if result["reused"] or busy + idle <= 0 else busy / (busy + idle),
     }
 
 
@@ -147,10 +149,11 @@ def print_rows(title: str, rows: list[dict]) -> None:
     for r in rows:
         weight = "-" if r["interpolation_weight"] is None else f"{r['interpolation_weight']:.2f}"
         interval = f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
-        load = f"{r['load_average_1m'][0]:.1f}-{r['load_average_1m'][1]:.1f}"
+        load = "reused" if r["load_average_1m"] is None else f"{r['load_average_1m'][0]:.1f}-{r['load_average_1m'][1]:.1f}"
+        wall = r["trial_seconds"] if r["wall_seconds"] is None else r["wall_seconds"]
         print(f"{r['size']:>6}{r['precision']:>6}{r['epochs']:>4}{r['bm25']:>8.4f}{r['cross_encoder']:>8.4f}{r['fused']:>8.4f}"
               f"{weight:>6}{r['fused_minus_bm25']:>+12.4f}{interval:>20}{r['train_seconds_per_epoch']:>9.1f}"
-              f"{r['pairs_per_second']:>9.2f}{r['wall_seconds']:>8.0f}{load:>11}")
+              f"{r['pairs_per_second']:>9.2f}{wall:>8.0f}{load:>11}")
 
 
 def main() -> int:
