@@ -83,18 +83,19 @@ def steps(sizes: list[int], timing_size: int) -> list[tuple[str, int | str]]:
 def run_trial(workdir: Path, name: str, size: int, epochs: int, precision: str, args) -> dict:
     """One trial end to end, its comparison with BM25, its cost and the machine's load meanwhile."""
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
-    # A private Ray in its own temp directory: never joins (or collides with) another Ray on this machine.
-    # (Short, under /tmp: Ray's socket paths must fit in 107 characters.)
-    env = dict(os.environ, RAY_TMPDIR=tempfile.mkdtemp(prefix="lc-ray-"))
     config = trial_file(workdir, name, size, epochs, precision, args)
     load_before, (busy_before, idle_before) = os.getloadavg()[0], cpu_seconds()
     started = time.perf_counter()
-    result = orchestrate("run", str(config), "--storage", str(workdir / "storage"), "--tracking-uri", uri,
-                         "--address", "local", env=env)
+    # A private Ray in its own temp directory: never joins (or collides with) another Ray on this machine;
+    # short, under /tmp (Ray's socket paths must fit in 107 characters), removed once the trial's Ray is gone
+    with tempfile.TemporaryDirectory(prefix="lc-ray-", ignore_cleanup_errors=True) as ray_temp:
+        env = dict(os.environ, RAY_TMPDIR=ray_temp)
+        result = orchestrate("run", str(config), "--storage", str(workdir / "storage"), "--tracking-uri", uri,
+                             "--address", "local", env=env)
     wall = time.perf_counter() - started
     busy, idle = (after - before for after, before in zip(cpu_seconds(), (busy_before, idle_before)))
     run_id = result["mlflow_run_id"]
-    compared = orchestrate("compare", f"{run_id}:bm25", run_id, "--tracking-uri", uri, env=env)  # B - A = fused - BM25
+    compared = orchestrate("compare", f"{run_id}:bm25", run_id, "--tracking-uri", uri, env=dict(os.environ))  # B - A = fused - BM25
     primary = next(m for m in compared["measures"] if m["metric"] == METRIC)
     test, timings = result["test"], result["timings"]
     if abs(primary["b"] - test["model"][METRIC]) > 1e-9:  # the difference must be the fused ranking's minus BM25's
