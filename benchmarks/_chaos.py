@@ -223,8 +223,11 @@ def faulted_run(sweep: Sweep, faults: list[Fault], timeout: float = 1800, max_st
     if full_disk is not None:
         count_file = sweep.work / "writes.count"
         full_disk.injected = count_file.exists() and int(count_file.read_text() or 0) >= full_disk.moment[1]
-        full_disk.detail = next((run["stderr_tail"].strip().splitlines()[-1] for run in sweep.log
-                                 if "no space left" in run.get("stderr_tail", "").lower()), "")
+        in_driver = [run["stderr_tail"].strip().splitlines()[-1] for run in sweep.log
+                     if "no space left" in run.get("stderr_tail", "").lower()]
+        log = sweep.store / sweep.name / "sweep.log"  # a Ray worker's error lands in the sweep's log
+        in_workers = re.findall(r"No space left on device: '([^']+)'", log.read_text()) if log.exists() else []
+        full_disk.detail = (in_driver and f"driver: {in_driver[0]}") or (in_workers and f"worker: {in_workers[0]}") or ""
     return {"runs": sweep.log, "final_rc": sweep.log[-1].get("rc"), "unexpected_exits": unexpected_exits(sweep.log)}
 
 
