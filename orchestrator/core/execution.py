@@ -50,9 +50,9 @@ ENV_DEFAULTS = {
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
 PASSED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_ENDPOINT", "IR_DATASETS_HOME", "ANSERINI_INDEX_CACHE",
               "ORCHESTRATE_INSTANCE_METADATA", "ORCHESTRATE_SPOT_POLL_SECONDS", API_SERVER_ENV)
-# Variables a test sets to make chosen sweep cells fail on purpose (read in one place,
+# Variables a test sets to make chosen sweep cells fail (or a write meet a full disk) on purpose (read in one place,
 # orchestrator.sweep.tune); passed to Ray workers when set, never set in production.
-TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS",)
+TEST_HOOK_ENV = ("ORCHESTRATE_TEST_FAIL_CELLS", "ORCHESTRATE_TEST_ENOSPC_AT")
 # A test switch (tests/sweep/test_cluster_guide.py): a trial placed on a GPU a test node only
 # declares trains on this device, torch.distributed on gloo; read on the driver, never set in production.
 FAKE_GPU_DEVICE_ENV = "ORCHESTRATE_FAKE_GPU_DEVICE"

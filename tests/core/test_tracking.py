@@ -71,3 +71,35 @@ def test_a_store_written_with_flat_names_reads_the_same_and_new_writes_are_group
     tracker.log_metrics(older, {"val_ndcg_at_10": 0.5}, step=3)
     assert tracker.run_metrics(older)["test_ndcg_at_10"] == 0.625
     assert [m.step for m in tracker.client.get_metric_history(older, "val_ndcg_at_10")] == [1, 2, 3]
+
+
+KILLED_MID_TRANSACTION = """
+import os, signal, sqlite3, sys
+connection = sqlite3.connect(sys.argv[1])
+connection.execute("create table t(a)")
+connection.execute("insert into t values ('kept')")
+connection.commit()
+connection.execute("pragma cache_size=1")  # the transaction's pages go to the file, the old ones to the journal
+connection.execute("begin")
+connection.executemany("insert into t values (?)", [(os.urandom(200),) for _ in range(5000)])
+os.kill(os.getpid(), signal.SIGKILL)  # a driver killed while it writes: a hot journal stays
+"""
+
+
+def test_a_database_a_killed_writer_left_with_a_hot_journal_is_accepted_and_rolled_back_on_open(tmp_path):
+    """After a driver's SIGKILL the rerun must open its stores: a read-only check cannot roll a
+    hot journal back ("attempt to write a readonly database"), which is no sign of a damaged file."""
+    import sqlite3  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from orchestrator.core.tracking import check_sqlite_file  # noqa: PLC0415
+
+    path = tmp_path / "optuna.db"
+    subprocess.run([sys.executable, "-c", KILLED_MID_TRANSACTION, str(path)], check=False)
+    assert (tmp_path / "optuna.db-journal").stat().st_size > 0
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # what the check met
+        sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("select count(*) from sqlite_master").fetchone()
+    check_sqlite_file(path, "Optuna storage")  # no InputError
+    assert (tmp_path / "optuna.db-journal").stat().st_size > 0  # the check wrote nothing
+    assert sqlite3.connect(path).execute("select a from t").fetchall() == [("kept",)]  # SQLite's rollback on open

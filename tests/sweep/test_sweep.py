@@ -1,6 +1,6 @@
 """`orchestrate sweep` end to end with a tiny random BERT on real SciFact data: exact MLflow
-run counts, retries then failure of a raising trial, status, idempotent reruns, resume
-after SIGKILL, and the doc19 dry run."""
+run counts, retries then failure of a raising trial, status, idempotent reruns and the
+doc19 dry run (resume after SIGKILL and other faults: tests/sweep/test_chaos.py)."""
 
 import ast
 import csv
@@ -8,7 +8,6 @@ import io
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,6 @@ import urllib.parse
 from collections import Counter
 from pathlib import Path
 
-import optuna
 import pytest
 
 from orchestrator.cli.ui import experiment_links
@@ -29,10 +27,8 @@ from tests.helpers import (
     chromium_driver,
     free_port,
     mlflow_runs,
-    orchestrate,
     run_cli,
     serve_ui,
-    sweep_yaml,
 )
 from workloads.core.errors import InputError
 from workloads.data.resolve import resolve_collection
@@ -202,48 +198,6 @@ def test_rerun_of_a_finished_sweep_creates_nothing(failing_sweep):
     assert json.loads(again.stdout)["trials_to_run"] == 0
     _, runs = mlflow_runs(uri, "tiny-fail")
     assert len(runs) == 10
-
-
-@pytest.mark.own_ray  # the driver and the Ray it started die together, as in a crash (tests/sweep/test_selector_sweep.py)
-def test_sigkill_mid_sweep_then_rerun_completes_without_duplicates(tmp_path, tiny_model_dir, scifact_dir):
-    spec = sweep_yaml(tmp_path / "kill.yaml", tiny_model_dir, "tiny-kill", [{"ranking": "pointwise", "contrastive": "scl"}], epochs=2)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    common = ["--storage", str(tmp_path / "store"), "--tracking-uri", uri]
-    mlflow_runs(uri, "tiny-kill")  # create the store first: two processes migrating a new SQLite DB collide
-    driver = orchestrate(tmp_path, "sweep", str(spec), *common, background=True)
-    deadline = time.time() + 900
-    finished_before = []
-    while time.time() < deadline and driver.poll() is None:
-        time.sleep(3)
-        _, runs = mlflow_runs(uri, "tiny-kill")
-        finished_before = [r for r in by_kind(runs, "trial") if r.info.status == "FINISHED"]
-        if finished_before:
-            break
-    assert driver.poll() is None, "the sweep ended before it could be killed"
-    assert finished_before, (tmp_path / "background.err").read_text()[-3000:]
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started: a crash, not a shutdown
-    driver.wait()
-    done_keys = {r.data.tags["rerank_lab.trial_key"] for r in finished_before}
-
-    rerun = orchestrate(tmp_path, "sweep", str(spec), "--json", *common)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert json.loads(rerun.stdout)["trials_to_run"] == 0
-    client, runs = mlflow_runs(uri, "tiny-kill")
-    cells, trials = by_kind(runs, "cell"), by_kind(runs, "trial")
-    assert len(cells) == 2 and len(trials) == 4 and len(by_kind(runs, "sweep")) == 1
-    assert len({r.data.tags["rerank_lab.trial_key"] for r in runs}) == 7
-    unfinished = [(r.data.tags.get("rerank_lab.kind"), r.info.status, r.data.tags.get("failure"), r.data.tags.get("error"))
-                  for r in runs if r.info.status != "FINISHED"]
-    assert not unfinished, (unfinished, rerun.stderr[-3000:])
-    for trial in trials:
-        history = client.get_metric_history(trial.info.run_id, "epoch_train_seconds")
-        if trial.data.tags["rerank_lab.trial_key"] in done_keys:  # finished before the kill: not retrained
-            assert sorted(m.step for m in history) == [1, 2]
-
-    for cell in cells:
-        study = optuna.load_study(study_name=cell.data.tags["rerank_lab.cell"],
-                                  storage=f"sqlite:///{tmp_path / 'store' / 'tiny-kill' / 'optuna.db'}")
-        assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == 2
 
 
 def test_doc19_dry_run_counts():

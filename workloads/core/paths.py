@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -15,6 +16,11 @@ from workloads.core.errors import InputError
 
 DATA_DIR_ENV = "ORCHESTRATE_DATA_DIR"
 CACHE_DIR_ENV = "ORCHESTRATE_CACHE_DIR"
+# A test switch, never set in production (benchmarks/_chaos.py, tests/sweep/test_chaos.py):
+# "COUNTER_FILE:N" makes the N-th of the project's atomic writes, counted across every process
+# that shares COUNTER_FILE, fail with ENOSPC before its rename, as a full disk would. A test
+# switch because a size-limited filesystem needs mount rights this machine's tests lack.
+FULL_DISK_ENV = "ORCHESTRATE_TEST_ENOSPC_AT"
 
 
 def data_dir() -> Path | None:
@@ -59,9 +65,27 @@ def atomic_path(final: Path, suffix: str = "") -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent)) / ("out" + suffix)
     try:
         yield tmp
+        injected_full_disk(final)
         os.replace(tmp, final) if tmp.is_file() else _replace_dir(tmp, final)
     finally:
         _rmtree_quiet(tmp.parent)
+
+
+def injected_full_disk(path: Path) -> None:
+    """Raise ENOSPC when this is the write $ORCHESTRATE_TEST_ENOSPC_AT names (see FULL_DISK_ENV)."""
+    value = os.environ.get(FULL_DISK_ENV)
+    if not value:
+        return
+    counter_file, _, nth = value.rpartition(":")
+    with open(counter_file, "a+") as handle:  # one count for every process of the run
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        count = int(handle.read() or 0) + 1
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(count))
+    if count == int(nth):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
 def _replace_dir(src: Path, final: Path) -> None:

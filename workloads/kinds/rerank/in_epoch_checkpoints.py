@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.core.logs import get_logger
+from workloads.core.paths import injected_full_disk
 from workloads.kinds.rerank.spec import TrialSpec
 from workloads.models.cross_encoder import CrossEncoder
 from workloads.training.loop import agreed, generator_state, rank_and_world
@@ -88,6 +89,7 @@ class InEpochCheckpoints:
         if rank == 0:
             model.save(self._writing)
             torch.save(state, self._writing / STATE_FILE)
+            injected_full_disk(self.directory)
         _barrier(world)
         if rank == 0:
             shutil.rmtree(self._previous, ignore_errors=True)
