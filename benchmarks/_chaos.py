@@ -81,7 +81,8 @@ def chaos_grid(path: Path, model_dir: Path, name: str = "chaos") -> Path:
         "name": name,
         "base": {"data": {"collection": "beir/scifact", "validation_queries": 5},
                  "first_stage": {"train_depth": 10, "validation_depth": 5, "test_depth": 3},
-                 "optimization": {"epochs": 2, "batch_size": 4, "checkpoint_every": {"steps": 1}},
+                 # fp32: the values are compared bit for bit (auto picks bf16 on a CPU where it is faster)
+                 "optimization": {"epochs": 2, "batch_size": 4, "checkpoint_every": {"steps": 1}, "precision": "fp32"},
                  "resources": {"workers": 1, "cpus_per_worker": 1}},
         "grid": {"models": [str(model_dir)], "max_length": 64, "losses": [{"ranking": "pointwise", "contrastive": "scl"}],
                  "augmentations": [{"method": "bm25", "k": 2}], "sizes": [16]},
