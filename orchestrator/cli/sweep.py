@@ -95,8 +95,9 @@ def log_default_report(sweep, tracker) -> None:
 
 
 def print_plan(report: dict) -> None:
+    trials = f"{report['trials_per_cell']} trial{'s' if report['trials_per_cell'] != 1 else ''}"
     emit(f"sweep {report['sweep']}: {report['cells']} cells ({report['baseline_cells']} baselines), "
-         f"{report['trials_per_cell']} trials per cell -> {report['trials_planned']} trial runs, "
+         f"{trials} per cell -> {report['trials_planned']} trial runs, "
          f"{report['mlflow_runs_planned']} MLflow runs (sweep + cells + trials"
          f"{' + selectors' if report['selectors'] else ''})")
     if report["unavailable_cells"]:

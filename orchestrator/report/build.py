@@ -15,6 +15,7 @@ from pathlib import Path
 
 from orchestrator.core import schema
 from orchestrator.core.tracking import Tracker
+from orchestrator.report.first_stage import compare_with_first_stage, render_first_stage_csv, render_first_stage_markdown
 from orchestrator.report.render import RENDERERS, render_csv, render_latex, render_markdown
 from orchestrator.report.results import STATUS_OK, SYSTEM_AXES, SweepResults, load_sweep_results, systems, winners
 from orchestrator.report.tables import (
@@ -120,6 +121,16 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         for stem, options, table in tables:
             blocks.append(renderer(table, options.digits))
             sweep_files += _write_table(table, out_dir / f"{stem}-{options.metric}-{label}", options.digits)
+        against = [(options, compare_with_first_stage(results, prefix, options.metric)) for options in per_measure]
+        against = [(options, comparison) for options, comparison in against if comparison is not None]
+        against_text = ""
+        for options, comparison in against:  # a fused final ranking: fused, alone and the first stage side by side
+            markdown = render_first_stage_markdown(comparison, options.metric, label, options.digits)
+            against_text += markdown
+            if request.output_format != "csv":
+                blocks.append(markdown)
+            stem = out_dir / f"first-stage-{options.metric}-{label}"
+            sweep_files += [_write(stem.with_suffix(".md"), markdown), _write(stem.with_suffix(".csv"), render_first_stage_csv(comparison))]
         if request.plots:
             for options in per_measure:
                 sweep_files += _plots(results, prefix, label, options, out_dir, family)
@@ -133,7 +144,8 @@ def build_report(sweeps: list[SweepSpec], tracker: Tracker, out_root: Path, requ
         if request.output_format != "csv":
             blocks.append(search_line(tracker, results))
         if request.log_to_mlflow:
-            _log_to_mlflow(tracker, results, sweep_files, render_markdown(tables[0][2], request.options.digits))
+            _log_to_mlflow(tracker, results, sweep_files,
+                           render_markdown(tables[0][2], request.options.digits) + (f"\n{against_text}" if against_text else ""))
         files += sweep_files
     if request.transfer:
         table = transfer_table(all_results, request.options, request.select)

@@ -164,19 +164,42 @@ class QueryByQuery:
             self.study.tell(trial, value) if value is not None else self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
+def cell_seed(cell: Cell, search: SearchSpec) -> int:
+    """The cell's sampler seed: per cell, so two cells do not sample one sequence."""
+    return (search.sampler_seed * 1_000_003 + int(cell.key.removeprefix("cell-")[:8], 16)) % 2**31
+
+
 def open_study(storage_url: str, cell: Cell, search: SearchSpec) -> optuna.Study:
-    """The cell's study, its sampler seeded per cell (two cells do not sample one sequence) and
-    per resumption: a study that already holds trials gets a seed of its own for this run, so a
-    resumed search does not draw its first trials' parameters again (the sampler's generator
-    would restart where it began)."""
-    seed = (search.sampler_seed * 1_000_003 + int(cell.key.removeprefix("cell-")[:8], 16)) % 2**31
+    """The cell's study. Its sampler is set again before every ask (:func:`slot_sampler`), so
+    what a trial draws depends on its slot, never on how often the driver restarted."""
     study = optuna.create_study(study_name=cell.key, storage=optuna_storage(storage_url), direction="maximize",
                                 pruner=make_pruner(search), load_if_exists=True)
-    tried = len(study.get_trials(deepcopy=False))
-    if tried:
-        seed = derived_seed("resumed", seed, tried) % 2**31
-    study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell))
+    study.sampler = slot_sampler(cell, search, slot=0)
     return study
+
+
+def slot_sampler(cell: Cell, search: SearchSpec, slot: int, attempt: int = 0) -> optuna.samplers.TPESampler:
+    """The sampler that draws the cell's ``slot``-th trial (``attempt``: the draws after a
+    repeated parameter set). One seeded stream per slot, not one per study: a killed driver's
+    rerun fails the interrupted Optuna trial and asks it again as a new one, and a single
+    stream (restarted, or carried on) would hand the next slot other parameters than a run
+    without the kill draws (TPE's startup draws are pure functions of the seed; after them it
+    reads the cell's finished trials, the same ones in both runs)."""
+    seed = cell_seed(cell, search) if slot == attempt == 0 else derived_seed("slot", cell_seed(cell, search), slot, attempt) % 2**31
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell))
+
+
+def train_run_names(study: optuna.Study) -> set[str]:
+    return {t.user_attrs[TRAIN_RUN] for t in study.get_trials(deepcopy=False) if t.user_attrs.get(TRAIN_RUN)}
+
+
+def next_slot(study: optuna.Study, cell_key: str) -> int:
+    """The cell's next trial's place: the first whose Train run name (``<cell>-t<slot>``) no trial
+    holds yet. A trial's identity (its run name, its MLflow key, its draw) is its slot, not its
+    Optuna number: an interrupted trial asked again and a repeated draw take Optuna numbers but
+    no slot, so the cell's trials are named as in a run without faults."""
+    used = train_run_names(study)
+    return next(n for n in itertools.count() if f"{cell_key}-t{n}" not in used)
 
 
 def tried_parameters(study: optuna.Study, exclude: int | None = None) -> list[dict]:
@@ -278,8 +301,7 @@ class CellStudiesSearcher(Searcher):
                 continue
             # ask() hands out enqueued (interrupted, WAITING) trials first
             self._next = (self._next + offset + 1) % len(self.cells)
-            trial, params = self._ask_new(study, cell)
-            train_run = trial.user_attrs.get(TRAIN_RUN) or f"{cell.key}-t{trial.number}"
+            trial, params, train_run = self._ask_new(study, cell)
             trial.set_user_attr(TRAIN_RUN, train_run)
             self.live[trial_id] = (cell.key, trial)
             spec = kind_of(cell.spec).apply_params(cell.spec, params)
@@ -289,23 +311,28 @@ class CellStudiesSearcher(Searcher):
 
     DRAWS = 20  # samples tried before a finite space hands out an untried set itself
 
-    def _ask_new(self, study: optuna.Study, cell: Cell) -> tuple[optuna.Trial, dict]:
-        """An Optuna trial with a parameter set the cell has not tried yet. An enqueued trial (an
-        interrupted one, asked again) keeps its parameters. A draw that repeats a tried set is
-        told FAIL (uncounted: it ran nothing) and asked again; a finite space whose sampler keeps
-        repeating itself gets an untried set enqueued (``check_search`` made sure there are enough)."""
+    def _ask_new(self, study: optuna.Study, cell: Cell) -> tuple[optuna.Trial, dict, str]:
+        """An Optuna trial with a parameter set the cell has not tried yet, and its Train run name.
+        An enqueued trial (an interrupted one, asked again) keeps its parameters and name. A draw
+        that repeats a tried set is told FAIL (uncounted: it ran nothing) and asked again; a finite
+        space whose sampler keeps repeating itself gets an untried set enqueued (``check_search``
+        made sure there are enough)."""
+        slot = next_slot(study, cell.key)
         for attempt in range(self.DRAWS + 1):
+            study.sampler = slot_sampler(cell, self.search, slot, attempt)
             trial = study.ask()
             params = sample(trial, cell, self.search)
-            if trial.user_attrs.get(TRAIN_RUN) or params not in tried_parameters(study, exclude=trial.number):
-                return trial, params
+            if trial.user_attrs.get(TRAIN_RUN):
+                return trial, params, trial.user_attrs[TRAIN_RUN]
+            if params not in tried_parameters(study, exclude=trial.number):
+                return trial, params, f"{cell.key}-t{slot}"
             trial.set_user_attr(FAILURE, "a repeated parameter set, drawn again")
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             if attempt == self.DRAWS - 1:
-                fresh = untried(cell, self.search, tried_parameters(study), derived_seed("untried", cell.key, trial.number))
+                fresh = untried(cell, self.search, tried_parameters(study), derived_seed("untried", cell.key, slot))
                 if fresh is not None:
                     study.enqueue_trial(fresh)
-        return trial, params  # a range drew the same floats 20 times: take it (practically unreachable)
+        return trial, params, f"{cell.key}-t{slot}"  # a range drew the same floats 20 times: take it (practically unreachable)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if PRUNED_TAG in result:  # the trial stopped on its cell's request (now or before a crash)

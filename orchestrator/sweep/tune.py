@@ -17,6 +17,7 @@ scheduling pool), served by the cells' Optuna studies (:mod:`orchestrator.sweep.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -68,6 +69,11 @@ log = get_logger("sweep")
 # Test hook (never set in production): a comma-separated list of cell keys whose trials raise
 # on purpose, each attempt appended to <storage>/failed_attempts.log. Read here only.
 FAIL_CELLS_ENV = "ORCHESTRATE_TEST_FAIL_CELLS"
+
+# In a trial's final result: every epoch's metrics (JSON), so that the driver logs the epochs it
+# never received: a trial resumed after a driver's kill continues after its last checkpoint and
+# does not report the epochs before it again, which the killed driver may not have logged.
+EPOCH_HISTORY = "epoch_history"
 
 
 class _Ended(Exception):
@@ -129,7 +135,8 @@ class TuneTrialSteps:
     def log(self, kind: TrialKind, spec, epochs: list, chosen, tested: list, kept) -> None:
         summary = training_summary([e.metrics for e in epochs])  # as every trial of every kind
         ray.tune.report({**summary, **timing(time.perf_counter() - self.started, summary),
-                         schema.OBJECTIVE: chosen.metrics[schema.OBJECTIVE], "final": 1, schema.CHECKPOINT_TAG: chosen.checkpoint})
+                         schema.OBJECTIVE: chosen.metrics[schema.OBJECTIVE], "final": 1, schema.CHECKPOINT_TAG: chosen.checkpoint,
+                         EPOCH_HISTORY: json.dumps([epoch_metrics(e.metrics) for e in epochs])})
 
     def stopped(self, error: BaseException) -> None:
         return None  # Tune records the error (or the outcome reported before an _Ended)
@@ -347,6 +354,14 @@ def run_search(sweep, tracker, experiment_id, cells, cell_runs, paths, ray_addre
 
 # ----------------------------------------------------------------------------- the Tune callback
 
+EPOCH_CLOCK = "epoch_train_seconds"  # logged with every epoch (training_summary needs it): which epochs a run holds
+
+
+def epoch_metrics(result: dict) -> dict[str, float]:
+    """What a trial run logs of an epoch (step = epoch): the loop's own numbers, not Tune's."""
+    return {k: v for k, v in result.items() if schema.is_epoch_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 
 class MlflowTrialLogger(Callback):
     """Logs every Tune trial as a child of its cell's run, from the driver process."""
@@ -357,6 +372,7 @@ class MlflowTrialLogger(Callback):
         self.display, self.searcher, self.interruption = display, searcher, interruption
         self.runs: dict[str, str] = {}
         self.started: dict[str, float] = {}
+        self.logged_epochs: dict[str, set[int]] = {}  # tune trial id -> the epochs this driver logged
         self.input_error: InputError | None = None  # the first a trial reported: the sweep stops on it
 
     def _run_id(self, trial) -> str:
@@ -382,10 +398,11 @@ class MlflowTrialLogger(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._run_id(trial)
         if "epoch" in result and "final" not in result:
-            metrics = {k: v for k, v in result.items() if schema.is_epoch_metric(k) and isinstance(v, (int, float))}
-            self.tracker.log_metrics(run_id, metrics, step=int(result["epoch"]))
+            self.tracker.log_metrics(run_id, epoch_metrics(result), step=int(result["epoch"]))
+            self.logged_epochs.setdefault(trial.trial_id, set()).add(int(result["epoch"]))
             self.display.epoch_done()
         if result.get("final"):
+            self._log_unlogged_epochs(trial.trial_id, run_id, json.loads(result.get(EPOCH_HISTORY) or "[]"))
             wall = time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter())
             summary = {k: v for k, v in result.items() if (k in SUMMARY_METRICS or k.startswith(schema.BEST_PREFIX))
                        and isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -398,6 +415,17 @@ class MlflowTrialLogger(Callback):
             error = InputError(result[INPUT_ERROR_SOURCE], result[INPUT_ERROR_PROBLEM])
             self.input_error = self.input_error or error
             self.tracker.fail(run_id, INPUT_FAILURE, error)  # now: the stopper ends the run before its trial completes
+
+    def _log_unlogged_epochs(self, trial_id: str, run_id: str, history: list[dict]) -> None:
+        """The epochs of a trial's history that its run does not hold (a resumed trial's, which a
+        killed driver received but never logged, or never received): each logged once."""
+        missing = [m for m in history if int(m["epoch"]) not in self.logged_epochs.get(trial_id, set())]
+        if not missing:
+            return  # (every epoch came through this driver: no query)
+        held = {m.step for m in self.tracker.client.get_metric_history(run_id, EPOCH_CLOCK)}
+        for metrics in missing:
+            if int(metrics["epoch"]) not in held:
+                self.tracker.log_metrics(run_id, metrics, step=int(metrics["epoch"]))
 
     def close_stopped(self) -> None:
         """After bad input stopped the sweep: the trials it stopped are KILLED and marked interrupted

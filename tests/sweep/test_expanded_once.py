@@ -38,7 +38,7 @@ def expansions():
 def test_a_dry_run_expands_the_grid_once(tmp_path, expansions):
     proc = run_cli(tmp_path, "sweep", DEMO, "--dry-run", "--storage", tmp_path / "store")
     assert proc.returncode == 0, proc.stderr
-    assert "10 cells" in proc.stdout
+    assert "6 cells" in proc.stdout
     assert expansions == ["demo"]
 
 
@@ -59,5 +59,5 @@ def test_a_run_expands_the_grid_once_up_to_tune_and_after(tmp_path, expansions, 
     proc = run_cli(tmp_path, "sweep", DEMO, "--storage", tmp_path / "store", "--tracking-uri",
                    f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert proc.returncode == 0, proc.stderr
-    assert reached == [10]
+    assert reached == [6]
     assert expansions == ["demo"]

@@ -3,14 +3,16 @@ not retried; a worker that Ray's memory monitor killed is an accident of its nod
 processes' memory counts too) and raises, so Tune retries it. Ray's own exception types and
 the raylet's message, without a cluster."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 from ray.exceptions import OutOfMemoryError
 from ray.train import WorkerGroupError
 
+from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.search import FAILURE, INPUT_ERROR_PROBLEM, INPUT_ERROR_SOURCE, INPUT_FAILURE
-from orchestrator.sweep.tune import MlflowTrialLogger, _InterruptStopper, _is_out_of_memory
+from orchestrator.sweep.tune import EPOCH_HISTORY, MlflowTrialLogger, _InterruptStopper, _is_out_of_memory
 from workloads.training import StepOutOfMemoryError
 
 # The raylet's words when its memory monitor kills a worker (Ray 2.60's format strings, filled in)
@@ -84,3 +86,45 @@ def test_bad_input_fails_its_trial_run_at_once_and_the_trials_it_stopped_are_res
     logger.close_stopped()
     assert tracker.status == {"bad": "FAILED", "other": "KILLED"}
     assert tracker.tags["other"] == {"rerank_lab.interrupted": "true"}
+
+
+class _Display:
+    def epoch_done(self):
+        pass
+
+    def trial_seconds(self, wall):
+        pass
+
+
+def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_once(tmp_path):
+    """A driver killed after its trial's epoch 2 was checkpointed but before that epoch was logged:
+    the rerun's trial continues after epoch 2 and reports only its final result, whose epoch
+    history has the driver log epoch 2 (epoch 1, logged before the kill, is not logged again)."""
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = tracker.experiment_id("s")
+    run = tracker.start_trial_run(experiment, "cell-a-t0", "cell-a/cell-a-t0", {}, {})
+    epochs = [{"epoch": 1, "epoch_train_seconds": 3.0, "val_ndcg_at_10": 0.25, "train_loss": 0.5},
+              {"epoch": 2, "epoch_train_seconds": 4.0, "val_ndcg_at_10": 0.5, "train_loss": 0.25}]
+    killed = MlflowTrialLogger(tracker, experiment, {}, None, _Display(), None)
+    killed.runs = {"tune-1": run}
+    killed.on_trial_result(0, [], SimpleNamespace(trial_id="tune-1"), {**epochs[0], "time_this_iter_s": 9.0})
+
+    rerun = MlflowTrialLogger(tracker, experiment, {}, None, _Display(), None)
+    rerun.runs = {"tune-2": run}
+    rerun.on_trial_result(0, [], SimpleNamespace(trial_id="tune-2"),
+                          {"final": 1, "val_ndcg_at_10": 0.5, "best_epoch": 2, "best_checkpoint": "/c", EPOCH_HISTORY: json.dumps(epochs)})
+    history = {name: [(m.step, m.value) for m in sorted(tracker.client.get_metric_history(run, name), key=lambda m: m.step)]
+               for name in ("epoch_train_seconds", "val_ndcg_at_10", "train_loss")}
+    assert history == {"epoch_train_seconds": [(1, 3.0), (2, 4.0)], "val_ndcg_at_10": [(1, 0.25), (2, 0.5)],
+                       "train_loss": [(1, 0.5), (2, 0.25)]}
+    assert tracker.client.get_metric_history(run, "time_this_iter_s") == []  # (Tune's bookkeeping is not an epoch metric)
+
+    # a trial whose every epoch came through this driver: nothing logged twice, MLflow not asked
+    live = MlflowTrialLogger(tracker, experiment, {}, None, _Display(), None)
+    other = tracker.start_trial_run(experiment, "cell-a-t1", "cell-a/cell-a-t1", {}, {})
+    live.runs = {"tune-3": other}
+    for epoch in epochs:
+        live.on_trial_result(0, [], SimpleNamespace(trial_id="tune-3"), epoch)
+    live.on_trial_result(0, [], SimpleNamespace(trial_id="tune-3"),
+                         {"final": 1, "best_checkpoint": "/c", EPOCH_HISTORY: json.dumps(epochs)})
+    assert [m.step for m in tracker.client.get_metric_history(other, "epoch_train_seconds")] == [1, 2]

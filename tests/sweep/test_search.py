@@ -1,4 +1,4 @@
-"""Per-cell searches across restarts: a resumed study samples anew, and no cell draws a parameter set twice."""
+"""Per-cell searches across restarts: a trial draws by its slot, and no cell draws a parameter set twice."""
 
 import pickle
 from concurrent.futures import Future
@@ -37,17 +37,36 @@ def _draw(study, cell, search):
     return params
 
 
-def test_a_resumed_study_does_not_draw_its_first_trials_again(tmp_path):
-    """The demo's sampler seeds stay for a fresh study; one that holds trials gets a seed of its own
-    (a restarted driver drew trial 0's parameters again as trial 1 before)."""
+def _finish(searcher, tune_id, value):
+    searcher.on_trial_result(tune_id, {"val_ndcg_at_10": value, "epoch": 1, "final": 1})
+    searcher.on_trial_complete(tune_id, {"val_ndcg_at_10": value})
+
+
+def test_a_trial_draws_by_its_slot_so_a_killed_driver_changes_no_name_or_draw(tmp_path):
+    """The cell's k-th trial has the same Train run name and parameters whether or not a driver
+    was killed while an earlier one ran (its rerun fails that Optuna trial and asks it again as a
+    new one, which took the next trial's number and a restarted sampler's draw before)."""
     sweep, cell = _cell()
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    first = _draw(open_study(url, cell, sweep.search), cell, sweep.search)
-    fresh = optuna.create_study(storage=f"sqlite:///{tmp_path / 'other.db'}", study_name=cell.key)
-    fresh.sampler = open_study(f"sqlite:///{tmp_path / 'third.db'}", cell, sweep.search).sampler
-    assert _draw(fresh, cell, sweep.search) == first  # a fresh study: the same seeded draw as ever
-    resumed = _draw(open_study(url, cell, sweep.search), cell, sweep.search)  # the driver restarts
-    assert resumed != first
+    clean = CellStudiesSearcher([cell], sweep.search, f"sqlite:///{tmp_path / 'clean.db'}")
+    expected = []
+    for number in range(3):
+        expected.append(clean.suggest(f"c{number}"))
+        _finish(clean, f"c{number}", 0.1 * number)
+
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    first = CellStudiesSearcher([cell], sweep.search, url).suggest("k0")  # the driver is killed while it runs
+    resumed = CellStudiesSearcher([cell], sweep.search, url)
+    assert requeue_interrupted(resumed.studies[cell.key]) == 1
+    got = [resumed.suggest("k0-again")]
+    _finish(resumed, "k0-again", 0.0)
+    for number in (1, 2):
+        got.append(resumed.suggest(f"k{number}"))
+        _finish(resumed, f"k{number}", 0.1 * number)
+    assert (first["train_run"], first["params"]) == (got[0]["train_run"], got[0]["params"])
+    assert [(c["train_run"], c["params"]) for c in got] == [(c["train_run"], c["params"]) for c in expected]
+    assert [c["train_run"] for c in got] == [f"{cell.key}-t{n}" for n in range(3)]
+    assert [c["optuna_trial"] for c in got] == [1, 2, 3]  # Optuna's numbers moved on; the names did not
+    assert len({tuple(sorted(c["params"].items())) for c in got}) == 3  # each slot draws anew
 
 
 def test_the_searcher_never_hands_out_a_parameter_set_the_cell_tried(tmp_path):
