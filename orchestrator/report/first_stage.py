@@ -109,7 +109,7 @@ def summary_sentence(comparison: FirstStageComparison, metric: str, digits: int 
     below = [r for r in rows if _excludes_zero(r.against_first_stage) < 0]
     u = best.against_first_stage
     sentences = [
-        f"Fused with {fs}, {len(above)} of {len(rows)} systems rank better than {fs} alone "
+        f"Fused with {fs}, {len(above)} of {len(rows)} systems {'ranks' if len(above) == 1 else 'rank'} better than {fs} alone "
         f"({name} {comparison.first_stage_value:.{digits}f}) with a 95% interval above zero"
         + (f" ({len(below)} below it)" if below else "")
         + f"; the highest, {best.label}, reaches {best.fused.mean:.{digits}f}: {u.difference:+.{digits}f} "
@@ -125,10 +125,17 @@ def summary_sentence(comparison: FirstStageComparison, metric: str, digits: int 
     if compared:
         parts = ", ".join(f"{r.label} {_difference(r.against_baseline, digits)}" for r in compared)
         clear = [r for r in compared if _excludes_zero(r.against_baseline) != 0]
-        verdict = ("no interval excludes zero: on these queries and seeds no system is shown to differ from its baseline"
-                   if not clear else
-                   f"{len(clear)} of {len(compared)} intervals exclude zero ("
-                   + ", ".join(f"{r.label} {'above' if _excludes_zero(r.against_baseline) > 0 else 'below'}" for r in clear) + ")")
+        signs = {_excludes_zero(r.against_baseline) for r in clear}
+        if not clear:
+            verdict = "no interval excludes zero: on these queries and seeds no system is shown to differ from its baseline"
+        elif len(clear) == len(compared) and len(signs) == 1:
+            side = "above" if signs == {1} else "below"
+            count = {1: "the interval lies", 2: "both intervals lie"}.get(len(clear), f"all {len(clear)} intervals lie")
+            verdict = (f"{count} {side} zero: "
+                       f"{'better' if side == 'above' else 'worse'} than the baseline on these queries and seeds")
+        else:
+            verdict = (f"{len(clear)} of {len(compared)} intervals exclude zero ("
+                       + ", ".join(f"{r.label} {'above' if _excludes_zero(r.against_baseline) > 0 else 'below'}" for r in clear) + ")")
         sentences.append(f"Against the baseline (fused too): {parts}; {verdict}.")
     return " ".join(sentences)
 

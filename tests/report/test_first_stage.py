@@ -88,7 +88,7 @@ def test_the_report_prints_the_block_with_a_sentence_and_writes_it(fused):
     u = best.against_first_stage
     assert "| BM25 (first stage) | " + f"{bm25.mean():.4f}" in output.text
     assert "| system | fused with BM25 | fused - BM25 [95% interval] | cross-encoder alone | weight |" in output.text
-    sentence = (f"Fused with BM25, 1 of 2 systems rank better than BM25 alone (nDCG@10 {bm25.mean():.4f}) with a 95% "
+    sentence = (f"Fused with BM25, 1 of 2 systems ranks better than BM25 alone (nDCG@10 {bm25.mean():.4f}) with a 95% "
                 f"interval above zero; the highest, baseline, reaches {best.fused.mean:.4f}: {u.difference:+.4f} "
                 f"[{u.interval.low:+.4f}, {u.interval.high:+.4f}] over 2 seeds x 40 queries.")
     assert sentence in output.text
