@@ -102,12 +102,11 @@ def _excludes_zero(u: Uncertainty) -> int:
 def summary_sentence(comparison: FirstStageComparison, metric: str, digits: int = 4) -> str:
     """What won, by how much, with what confidence: for a reader new to the sweep."""
     name, rows, fs = DISPLAY_NAMES.get(metric, metric), comparison.rows, comparison.first_stage
-    seeds = max(r.fused.count for r in rows)
-    over = f"{seeds} seed{'s' if seeds > 1 else ''} x {comparison.queries} queries"
     best = max(rows, key=lambda r: r.fused.mean)
     above = [r for r in rows if _excludes_zero(r.against_first_stage) > 0]
     below = [r for r in rows if _excludes_zero(r.against_first_stage) < 0]
     u = best.against_first_stage
+    over = f"{u.interval.seeds} seed{'s' if u.interval.seeds > 1 else ''} x {u.interval.queries} queries"
     sentences = [
         f"Fused with {fs}, {len(above)} of {len(rows)} systems {'ranks' if len(above) == 1 else 'rank'} better than {fs} alone "
         f"({name} {comparison.first_stage_value:.{digits}f}) with a 95% interval above zero"
@@ -119,8 +118,9 @@ def summary_sentence(comparison: FirstStageComparison, metric: str, digits: int 
         span = f"{min(alone):.{digits}f}" if len(alone) == 1 else f"{min(alone):.{digits}f}-{max(alone):.{digits}f}"
         where = ("below" if max(alone) < comparison.first_stage_value else
                  "above" if min(alone) > comparison.first_stage_value else "around")
-        sentences.append(f"The cross-encoder alone reaches {span}, {where} {fs}"
-                         + (f": the gain comes from fusing its scores with {fs}'s." if where == "below" else "."))
+        gain = (f": the gain comes from fusing its scores with {fs}'s." if above else
+                f", and fusing its scores with {fs}'s did not lift any system clearly above {fs}.")
+        sentences.append(f"The cross-encoder alone reaches {span}, {where} {fs}" + (gain if where == "below" else "."))
     compared = [r for r in rows if r.against_baseline is not None]
     if compared:
         parts = ", ".join(f"{r.label} {_difference(r.against_baseline, digits)}" for r in compared)
@@ -151,11 +151,13 @@ def render_first_stage_markdown(comparison: FirstStageComparison, metric: str, l
              f"| {first_stage_title(fs)} | {comparison.first_stage_value:.{digits}f} | | | | |"]
     for r in comparison.rows:
         weight = f"{r.weight:.2f}" if r.weight is not None else "-"
+        versus = ("" if r.system.is_baseline else "no baseline") if r.against_baseline is None else _difference(r.against_baseline, digits)
         lines.append(f"| {r.label} | {_value(r.fused, digits)} | {_difference(r.against_first_stage, digits)} | "
-                     f"{_value(r.alone, digits)} | {weight} | {_difference(r.against_baseline, digits)} |")
+                     f"{_value(r.alone, digits)} | {weight} | {versus} |")
     spread = (f"mean over {seeds} seeds ± the seeds' standard deviation; intervals: t over seeds x queries"
               if seeds > 1 else "one seed; intervals: paired t over the queries")
-    lines += ["", f"Each value: {spread}, each at 95%, not corrected for the block's {2 * len(comparison.rows)} "
+    compared = len(comparison.rows) + sum(r.against_baseline is not None for r in comparison.rows)
+    lines += ["", f"Each value: {spread}, each at 95%, not corrected for the block's {compared} "
                   f"comparisons. Weight: the cross-encoder's share of the fused score, chosen on validation.", "",
               summary_sentence(comparison, metric, digits), ""]
     return "\n".join(lines)
@@ -168,7 +170,7 @@ def render_first_stage_csv(comparison: FirstStageComparison) -> str:
                      "weight", "difference", "ci_low", "ci_high", "won", "tied", "lost",
                      "baseline_difference", "baseline_ci_low", "baseline_ci_high"])
     writer.writerow([first_stage_title(comparison.first_stage), *[""] * len(SYSTEM_AXES), "", repr(comparison.first_stage_value),
-                     *[""] * 14])
+                     *[""] * 13])
 
     def number(value) -> str:
         return "" if value is None else repr(float(value))

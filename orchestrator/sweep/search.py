@@ -183,8 +183,10 @@ def slot_sampler(cell: Cell, search: SearchSpec, slot: int, attempt: int = 0) ->
     repeated parameter set). One seeded stream per slot, not one per study: a killed driver's
     rerun fails the interrupted Optuna trial and asks it again as a new one, and a single
     stream (restarted, or carried on) would hand the next slot other parameters than a run
-    without the kill draws (TPE's startup draws are pure functions of the seed; after them it
-    reads the cell's finished trials, the same ones in both runs)."""
+    without the kill draws. TPE's startup draws (``n_startup_trials``: the first 4 of a cell) are
+    pure functions of the seed; after them TPE reads the cell's finished trials, which are the same
+    in both runs when the cell's trials run one at a time (with several of a cell in flight, what
+    has finished when a slot is asked depends on timing, with or without a fault)."""
     seed = cell_seed(cell, search) if slot == attempt == 0 else derived_seed("slot", cell_seed(cell, search), slot, attempt) % 2**31
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, search.trials_per_cell))
 

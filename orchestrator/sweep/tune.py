@@ -70,7 +70,7 @@ log = get_logger("sweep")
 # on purpose, each attempt appended to <storage>/failed_attempts.log. Read here only.
 FAIL_CELLS_ENV = "ORCHESTRATE_TEST_FAIL_CELLS"
 
-# In a trial's final result: every epoch's metrics (JSON), so that the driver logs the epochs it
+# In a trial's final (or pruned) result: every epoch's metrics (JSON), so that the driver logs the epochs it
 # never received: a trial resumed after a driver's kill continues after its last checkpoint and
 # does not report the epochs before it again, which the killed driver may not have logged.
 EPOCH_HISTORY = "epoch_history"
@@ -122,7 +122,8 @@ class TuneTrialSteps:
         epochs = epoch_results(result)
         if pruned.exists():  # stopped by its cell's pruner: an outcome, not a result (Tune insists on the metric)
             ray.tune.report({schema.PRUNED_TAG: max((int(e.metrics["epoch"]) for e in epochs), default=0),
-                             schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan"))})
+                             schema.OBJECTIVE: max((e.metrics[schema.OBJECTIVE] for e in epochs), default=float("nan")),
+                             EPOCH_HISTORY: json.dumps([epoch_metrics(e.metrics) for e in epochs])})
             raise _Ended
         return epochs
 
@@ -401,8 +402,9 @@ class MlflowTrialLogger(Callback):
             self.tracker.log_metrics(run_id, epoch_metrics(result), step=int(result["epoch"]))
             self.logged_epochs.setdefault(trial.trial_id, set()).add(int(result["epoch"]))
             self.display.epoch_done()
+        if EPOCH_HISTORY in result:  # (a final or a pruned trial's result)
+            self._log_unlogged_epochs(trial.trial_id, run_id, json.loads(result[EPOCH_HISTORY]))
         if result.get("final"):
-            self._log_unlogged_epochs(trial.trial_id, run_id, json.loads(result.get(EPOCH_HISTORY) or "[]"))
             wall = time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter())
             summary = {k: v for k, v in result.items() if (k in SUMMARY_METRICS or k.startswith(schema.BEST_PREFIX))
                        and isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -4,6 +4,7 @@ baseline with their intervals, and the sentence beneath (a store written as a sw
 
 import csv
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,13 +12,14 @@ import yaml
 
 from orchestrator.core.tracking import Tracker
 from orchestrator.report.build import ReportRequest, build_report
-from orchestrator.report.first_stage import compare_with_first_stage
+from orchestrator.report.first_stage import FirstStageComparison, SystemAgainstFirstStage, compare_with_first_stage, summary_sentence
 from orchestrator.report.results import load_sweep_results
 from orchestrator.report.tables import TableOptions
 from orchestrator.sweep.grid import SweepSpec, expand_grid
 from orchestrator.sweep.runner import _cell_runs
 from tests.report.test_report import QUERIES, _evaluation
 from tests.workloads.evaluation.test_statistics import _crossed_reference
+from workloads.evaluation.statistics import Direction, Interval, SeedSummary, Uncertainty
 
 FUSED = {
     "name": "fused",
@@ -93,9 +95,11 @@ def test_the_report_prints_the_block_with_a_sentence_and_writes_it(fused):
                 f"[{u.interval.low:+.4f}, {u.interval.high:+.4f}] over 2 seeds x 40 queries.")
     assert sentence in output.text
     assert "The cross-encoder alone reaches" in output.text and "below BM25: the gain comes from fusing" in output.text
+    assert "not corrected for the block's 3 comparisons" in output.text  # 2 against BM25, 1 against the baseline
     assert "Against the baseline (fused too): bm25 / pointwise+scl" in output.text
     written = work / "reports" / "fused" / "first-stage-ndcg_at_10-scifact.csv"
     assert written in output.files and (written.with_suffix(".md")).read_text() in output.text
+    assert len({len(row) for row in csv.reader(io.StringIO(written.read_text()))}) == 1  # every row as wide as the header
     records = list(csv.DictReader(io.StringIO(written.read_text())))
     assert records[0]["system"] == "BM25 (first stage)" and float(records[0]["fused"]) == pytest.approx(bm25.mean())
     assert float(records[1]["ci_low"]) == pytest.approx(u.interval.low, abs=1e-12) and records[1]["seeds"] == "2"
@@ -113,3 +117,18 @@ def test_a_sweep_that_does_not_fuse_has_no_such_block(fused, tmp_path):
         tracker.log_evaluation(runs[cell.key], "bm25_test_", _evaluation(np.full(len(QUERIES), 0.4), QUERIES))
         tracker.finish(runs[cell.key])
     assert compare_with_first_stage(load_sweep_results(sweep, tracker), "test_", "ndcg_at_10") is None
+
+
+def test_the_sentence_claims_no_gain_where_no_fused_system_beats_bm25():
+    """Every fused system's interval below BM25's: the sentence says fusing lifted none above it."""
+    def row(label, fused, low, high, baseline=None):
+        system = SimpleNamespace(is_baseline=baseline is None, axes={})
+        return SystemAgainstFirstStage(label, system, SeedSummary(fused, None, 1), SeedSummary(0.3, None, 1), 0.2,
+                                       Uncertainty(fused - 0.6, Interval(low, high, 0.95, 300, 1), Direction(0, 0, 300), -1.0),
+                                       baseline)
+    comparison = FirstStageComparison("BM25", 0.6, 300, [row("baseline", 0.58, -0.03, -0.01), row("scl", 0.59, -0.02, +0.001)])
+    sentence = summary_sentence(comparison, "ndcg_at_10")
+    assert sentence.startswith("Fused with BM25, 0 of 2 systems rank better than BM25 alone (nDCG@10 0.6000) with a 95% "
+                               "interval above zero (1 below it); the highest, scl, reaches 0.5900")
+    assert "over 1 seed x 300 queries" in sentence
+    assert "did not lift any system clearly above BM25" in sentence and "the gain comes from" not in sentence

@@ -96,7 +96,7 @@ class _Display:
         pass
 
 
-def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_once(tmp_path):
+def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_once(tmp_path, monkeypatch):
     """A driver killed after its trial's epoch 2 was checkpointed but before that epoch was logged:
     the rerun's trial continues after epoch 2 and reports only its final result, whose epoch
     history has the driver log epoch 2 (epoch 1, logged before the kill, is not logged again)."""
@@ -125,6 +125,13 @@ def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_onc
     live.runs = {"tune-3": other}
     for epoch in epochs:
         live.on_trial_result(0, [], SimpleNamespace(trial_id="tune-3"), epoch)
+    history_of = tracker.client.get_metric_history
+    monkeypatch.setattr(tracker.client, "get_metric_history", lambda *a: pytest.fail("MLflow asked for a run's history"))
     live.on_trial_result(0, [], SimpleNamespace(trial_id="tune-3"),
                          {"final": 1, "best_checkpoint": "/c", EPOCH_HISTORY: json.dumps(epochs)})
-    assert [m.step for m in tracker.client.get_metric_history(other, "epoch_train_seconds")] == [1, 2]
+    assert [m.step for m in history_of(other, "epoch_train_seconds")] == [1, 2]
+    # a pruned trial's result carries its epochs too
+    rerun.runs["tune-4"] = pruned = tracker.start_trial_run(experiment, "cell-a-t2", "cell-a/cell-a-t2", {}, {})
+    monkeypatch.setattr(tracker.client, "get_metric_history", history_of)
+    rerun.on_trial_result(0, [], SimpleNamespace(trial_id="tune-4"), {"pruned_at_epoch": 2, EPOCH_HISTORY: json.dumps(epochs)})
+    assert [m.step for m in history_of(pruned, "epoch_train_seconds")] == [1, 2]

@@ -45,11 +45,12 @@ def _finish(searcher, tune_id, value):
 def test_a_trial_draws_by_its_slot_so_a_killed_driver_changes_no_name_or_draw(tmp_path):
     """The cell's k-th trial has the same Train run name and parameters whether or not a driver
     was killed while an earlier one ran (its rerun fails that Optuna trial and asks it again as a
-    new one, which took the next trial's number and a restarted sampler's draw before)."""
-    sweep, cell = _cell()
+    new one, which took the next trial's number and a restarted sampler's draw before), through
+    TPE's startup draws and past them (one trial at a time: TPE then reads the same finished trials)."""
+    sweep, cell = _cell({"trials_per_cell": 6})  # TPE's 4 random startup draws, then 2 from its model of the finished
     clean = CellStudiesSearcher([cell], sweep.search, f"sqlite:///{tmp_path / 'clean.db'}")
     expected = []
-    for number in range(3):
+    for number in range(6):
         expected.append(clean.suggest(f"c{number}"))
         _finish(clean, f"c{number}", 0.1 * number)
 
@@ -59,14 +60,14 @@ def test_a_trial_draws_by_its_slot_so_a_killed_driver_changes_no_name_or_draw(tm
     assert requeue_interrupted(resumed.studies[cell.key]) == 1
     got = [resumed.suggest("k0-again")]
     _finish(resumed, "k0-again", 0.0)
-    for number in (1, 2):
+    for number in range(1, 6):
         got.append(resumed.suggest(f"k{number}"))
         _finish(resumed, f"k{number}", 0.1 * number)
     assert (first["train_run"], first["params"]) == (got[0]["train_run"], got[0]["params"])
     assert [(c["train_run"], c["params"]) for c in got] == [(c["train_run"], c["params"]) for c in expected]
-    assert [c["train_run"] for c in got] == [f"{cell.key}-t{n}" for n in range(3)]
-    assert [c["optuna_trial"] for c in got] == [1, 2, 3]  # Optuna's numbers moved on; the names did not
-    assert len({tuple(sorted(c["params"].items())) for c in got}) == 3  # each slot draws anew
+    assert [c["train_run"] for c in got] == [f"{cell.key}-t{n}" for n in range(6)]
+    assert [c["optuna_trial"] for c in got] == [1, 2, 3, 4, 5, 6]  # Optuna's numbers moved on; the names did not
+    assert len({tuple(sorted(c["params"].items())) for c in got}) == 6  # each slot draws anew
 
 
 def test_the_searcher_never_hands_out_a_parameter_set_the_cell_tried(tmp_path):
