@@ -312,11 +312,12 @@ BF16_SPEEDUP_NEEDED = 1.2  # margin over measurement noise before auto leaves fp
 
 
 MATMUL_ROWS, MATMUL_REPEATS = 2048, 4
+SPEEDUP_ROUNDS = 9  # fp32 and bf16 timed in turn this many times (about 2 s in all on a 2-core CPU)
 
 
 def _matmul_seconds(dtype: torch.dtype, hidden: int = 384, intermediate: int = 1536,
-                    device: torch.device = torch.device("cpu")) -> float:
-    """Best of 5 timings of MATMUL_REPEATS products of a transformer's feed-forward
+                    device: torch.device = torch.device("cpu"), rounds: int = 5) -> float:
+    """Best of ``rounds`` timings of MATMUL_REPEATS products of a transformer's feed-forward
     up-projection over MATMUL_ROWS tokens (MiniLM's shape by default) on ``device``."""
     # Its own generator: the first trial on a machine measures inside its training loop, after
     # seeding, and drawing from torch's global generator there changed that trial's numbers.
@@ -326,7 +327,7 @@ def _matmul_seconds(dtype: torch.dtype, hidden: int = 384, intermediate: int = 1
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.mm(a, b)  # kernel set-up
     best = float("inf")
-    for _ in range(5):
+    for _ in range(rounds):
         synchronize()
         started = time.perf_counter()
         for _ in range(MATMUL_REPEATS):
@@ -340,8 +341,8 @@ def _matmul_seconds(dtype: torch.dtype, hidden: int = 384, intermediate: int = 1
 def cpu_bf16_speedup() -> float:
     """How much faster a bf16 matrix product is than fp32 on this CPU at the current thread
     count (0 without native bf16). Measured once per machine, torch version and thread count
-    (a transformer-layer-sized product, best of 5, about a second) and kept in the cache, so
-    every process on the machine decides alike.
+    (a transformer-layer-sized product, fp32 and bf16 in turn, each its best of
+    ``SPEEDUP_ROUNDS``) and kept in the cache, so every process on the machine decides alike.
 
     Native bf16 instructions are not enough: on a 2-core Intel Xeon (family 6 model 207,
     AVX512-BF16, no AMX exposed to the VM) with torch 2.13, oneDNN's bf16 matmul ran at 149
@@ -355,11 +356,19 @@ def cpu_bf16_speedup() -> float:
     # The flags belong to the key: VMs report the same model name ("Intel(R) Xeon(R) Processor")
     # with and without AMX exposed, and bf16 ran 0.8x fp32 on one and 9x on the other.
     bf16_flags = sorted(flags & BF16_FLAGS)
-    key = stable_key(name, bf16_flags, torch.__version__, torch.get_num_threads())
+    # ("interleaved": answers measured before the timings were interleaved are measured again)
+    key = stable_key(name, bf16_flags, torch.__version__, torch.get_num_threads(), "interleaved")
     path = cache_dir() / "machine" / f"bf16-speedup-{key}.json"
     if path.exists():
         return json.loads(path.read_text())["speedup"]
-    speedup = _matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16)
+    # Interleaved, fp32 and bf16 in turn, each its best: load from other processes that comes and
+    # goes weighs on both alike. Timed one after the other, a loaded machine measured 1.06 where
+    # the idle one measured 3.96, and that answer, kept, trained every later trial in fp32.
+    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    for _ in range(SPEEDUP_ROUNDS):
+        for dtype in best:
+            best[dtype] = min(best[dtype], _matmul_seconds(dtype, rounds=1))
+    speedup = best[torch.float32] / best[torch.bfloat16]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"cpu": name, "bf16_flags": bf16_flags, "torch": torch.__version__,
