@@ -363,7 +363,6 @@ def epoch_metrics(result: dict) -> dict[str, float]:
     return {k: v for k, v in result.items() if schema.is_epoch_metric(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-
 class MlflowTrialLogger(Callback):
     """Logs every Tune trial as a child of its cell's run, from the driver process."""
 
