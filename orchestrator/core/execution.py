@@ -86,6 +86,24 @@ def worker_env() -> dict[str, str]:
             if k in os.environ}
 
 
+# Ray's own words when a node it starts does not register in time (ray/_private/node.py: a bare
+# Exception after 30 s; ray/_private/services.py's wait_for_node: a TimeoutError). Seen on a 2-core
+# machine running a second Ray beside it (benchmarks/results/chaos.json, seed 0): a traceback then.
+RAY_START_TIMEOUTS = ("timed out during startup", "waiting for node to startup")
+
+
+def ray_start_timed_out(address: str | None, message: str) -> str:
+    """The one line for a Ray that did not start in time: which Ray, Ray's words, how loaded this
+    machine is (the usual cause), and that rerunning is safe (nothing was started before it)."""
+    try:
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except OSError:  # (no load average on this platform)
+        load = f"{os.cpu_count()} CPUs"
+    which = f"this machine's Ray node, joining the cluster at {address}," if address else "a private Ray on this machine"
+    return (f"{which} did not start in time ({message.rstrip('.')}; {load}): run the same command again, "
+            "when the machine is less busy (what finished before is kept and reused)")
+
+
 # The cluster init_ray joined (None: a private Ray it started): what check_resources' advice fits.
 joined_cluster: str | None = None
 
@@ -120,11 +138,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         env_vars[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
     try:
         context = ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True, **kwargs)
-    except RuntimeError as exc:  # Ray's own check: the cluster's Python or Ray is not the driver's
-        if "Version mismatch" not in str(exc):
-            raise
-        raise InputError(address or "ray", f"{' '.join(str(exc).split())}: run orchestrate from the cluster's Python "
-                                           "(cluster/python-version) and Ray") from None
+    except Exception as exc:
+        message = " ".join(str(exc).split())
+        if isinstance(exc, RuntimeError) and "Version mismatch" in message:  # Ray's check: the cluster's Python or Ray
+            raise InputError(address or "ray", f"{message}: run orchestrate from the cluster's Python "
+                                               "(cluster/python-version) and Ray") from None
+        if any(sign in message for sign in RAY_START_TIMEOUTS):
+            raise InputError("ray", ray_start_timed_out(address, message)) from None
+        raise
     global joined_cluster
     joined_cluster = address
     if address:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from orchestrator.lifecycle.targets import targets
 from workloads.core.errors import InputError, RequirementNotTrained
-from workloads.core.logs import get_logger
+from workloads.core.logs import clock, get_logger
 from workloads.core.paths import cache_dir, data_dir
 from workloads.kinds import kind_of, requirements
 from workloads.models.cross_encoder import fetch_model
@@ -104,8 +104,7 @@ def prepare_units(units: Sequence[Unit]) -> list[UnitReport]:
         state = f"waits: {waiting}" if waiting else "ready"
         # the units left at the mean pace so far (the first units build what later ones reuse: an upper bound)
         left = (time.perf_counter() - begun) / number * (len(units) - number)
-        log.info("prepared [%d/%d] %s: %s (%.1fs; ETA %d:%02d)", number, len(units), unit.label, state, report.seconds,
-                 *divmod(round(left), 60))
+        log.info("prepared [%d/%d] %s: %s (%.1fs; ETA %s)", number, len(units), unit.label, state, report.seconds, clock(left))
     return reports
 
 

@@ -59,8 +59,8 @@ from orchestrator.sweep.search import (
 )
 from orchestrator.sweep.winners import keep_chosen_and_last
 from workloads.core.errors import InputError
+from workloads.core.logs import clock, get_logger
 from workloads.core.logs import configure as configure_logging
-from workloads.core.logs import get_logger
 from workloads.kinds import TrialKind, kind_of, run_steps
 
 log = get_logger("sweep")
@@ -469,12 +469,6 @@ class MlflowTrialLogger(Callback):
 # stays visible while Ray's own output is sent to the sweep's log file.
 
 
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
 class SweepProgress:
     def __init__(self, sweep: str, finished_per_cell: dict[str, int], trials_per_cell: int, enabled: bool = True,
                  stream: TextIO | None = None):
@@ -527,9 +521,9 @@ class SweepProgress:
         elapsed = time.perf_counter() - self.started
         eta = "?"
         if self.walls:
-            eta = _clock(sum(self.walls) / len(self.walls) * (total - done) / max(1, self.concurrency))
+            eta = clock(sum(self.walls) / len(self.walls) * (total - done) / max(1, self.concurrency))
         return (f"[sweep] {self.sweep}: cells {cells_done}/{len(self.finished)} done | trials {done}/{total} done, "
-                f"{running} running, {self.failed} failed | elapsed {_clock(elapsed)}, ETA {eta}")
+                f"{running} running, {self.failed} failed | elapsed {clock(elapsed)}, ETA {eta}")
 
     def _show(self, force_line: bool = False) -> None:
         if not self.enabled:

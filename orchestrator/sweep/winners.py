@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import optuna
@@ -42,7 +43,7 @@ from orchestrator.lifecycle.run import keep_result
 from orchestrator.lifecycle.targets import log_target, submit_evaluations, targets
 from orchestrator.sweep.grid import Cell, SweepSpec
 from orchestrator.sweep.search import COUNTED, TRAIN_RUN, optuna_storage
-from workloads.core.logs import get_logger
+from workloads.core.logs import clock, get_logger
 from workloads.evaluation import PRIMARY_METRIC
 from workloads.evaluation.statistics import compare_uncertainty, seed_summary
 from workloads.kinds import kind_of
@@ -93,7 +94,8 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
         pending.append((cell, run_id, winner, complete, child, jobs, test_data))
     if pending:
         log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[5]) for p in pending))
-    for cell, run_id, winner, complete, child, jobs, test_data in pending:
+    started = time.perf_counter()
+    for number, (cell, run_id, winner, complete, child, jobs, test_data) in enumerate(pending, 1):
         try:
             results = [job.result() for job in jobs]
             for result in results:
@@ -115,8 +117,12 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
                         cell.key, ", ".join(f"{k}={v}" for k, v in kept.items()), schema.WINNER_PARAMS_TAG)
         tracker.finish(run_id, "FINISHED")
         test = tracker.run_metrics(run_id)[f"{schema.target_prefix(schema.TEST)}ndcg_at_10"]
-        log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f", cell.key, "/".join(cell.axes.values()),
-                 winner.number, winner.value, test)
+        # the cells' tests run at once and end about in turn: the pace so far gives the ETA (the
+        # search's progress line ends at its last trial; testing took about as long in the demo)
+        elapsed = time.perf_counter() - started
+        log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f [%d/%d tested | elapsed %s, ETA %s]",
+                 cell.key, "/".join(cell.axes.values()), winner.number, winner.value, test, number, len(pending),
+                 clock(elapsed), clock(elapsed / number * (len(pending) - number)))
     keep_winners(sweep, tracker, cells, cell_runs, paths.ray_storage, paths.optuna_url)
 
 

@@ -49,6 +49,16 @@ def configure(level: int | str | None = None, stream: TextIO | None = None) -> l
     return root
 
 
+def clock(seconds: float) -> str:
+    """``4m05s``, ``1h02m``: elapsed and ETA in progress lines; ``?`` for NaN (nothing done yet to
+    extrapolate from)."""
+    if seconds != seconds:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
 def progress_bar(done: int, total: int, width: int = 20) -> str:
     """``[########------------]  40%``"""
     fraction = done / total if total else 1.0

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from workloads.core.errors import InputError
-from workloads.core.logs import get_logger
+from workloads.core.logs import clock, get_logger
 from workloads.core.paths import atomic_path, cache_dir, stable_key
 from workloads.core.seeds import derived_seed
 from workloads.data.collections import Collection, Qrels
@@ -244,15 +244,8 @@ def draw_as_needed(retrieve: Callable[[list[str]], FirstStageRun], qrels: Qrels,
         else:
             left = elapsed / max(1, len(triples)) * max(0, rows - len(triples)) if triples else float("nan")
         log.info(f"training queries of {what}: chunk {number} ({drawn:,} of {len(order):,} judged queries retrieved), "
-                 f"{len(triples):,}{'' if rows is None else f' of {rows:,}'} rows, {elapsed:.0f}s, ETA {_clock(left)}")
+                 f"{len(triples):,}{'' if rows is None else f' of {rows:,}'} rows, {elapsed:.0f}s, ETA {clock(left)}")
     return triples, TripleStats(drawn, counts.judged, counts.retrieved, counts.no_negative, len(triples))
-
-
-def _clock(seconds: float) -> str:
-    if seconds != seconds:  # NaN: nothing found yet to extrapolate from
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
 
 
 def select_size(triples: list[Triple], size: int | str, source: str, pairs_per_row: int = 2) -> list[Triple]:
