@@ -393,7 +393,7 @@ class MlflowTrialLogger(Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started.setdefault(trial.trial_id, time.perf_counter())
         self._run_id(trial)
-        self.display.trial_started(TrialConfig.of(trial.config).cell)
+        self.display.trial_started(trial.trial_id)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._run_id(trial)
@@ -441,7 +441,7 @@ class MlflowTrialLogger(Callback):
         if trial.trial_id in self.searcher.pruned:  # stopped by the cell's pruner: recorded, not a result
             mark_pruned(self.tracker, run_id, self.searcher.pruned[trial.trial_id],
                         time.perf_counter() - self.started.get(trial.trial_id, time.perf_counter()))
-            self.display.trial_ended(TrialConfig.of(trial.config).cell, failed=False)
+            self.display.trial_ended(trial.trial_id, TrialConfig.of(trial.config).cell, failed=False)
             return
         failed = trial.last_result.get("failure") if trial.last_result else None
         self.tracker.finish(run_id, "FAILED" if failed else "FINISHED")
@@ -450,7 +450,7 @@ class MlflowTrialLogger(Callback):
             config = TrialConfig.of(trial.config)
             keep_chosen_and_last(Path(config.storage) / config.train_run,
                                  trial.last_result[schema.CHECKPOINT_TAG])
-        self.display.trial_ended(TrialConfig.of(trial.config).cell, failed=bool(failed))
+        self.display.trial_ended(trial.trial_id, TrialConfig.of(trial.config).cell, failed=bool(failed))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self._run_id(trial)
@@ -459,7 +459,7 @@ class MlflowTrialLogger(Callback):
             self.tracker.finish(run_id, "KILLED")
             return
         self.tracker.fail(run_id, "error", str(getattr(trial, "error_msg", None) or "error"))
-        self.display.trial_ended(TrialConfig.of(trial.config).cell, failed=True)
+        self.display.trial_ended(trial.trial_id, TrialConfig.of(trial.config).cell, failed=True)
 
 
 # ----------------------------------------------------------------------------- the live progress display
@@ -475,7 +475,8 @@ class SweepProgress:
         self.sweep = sweep
         self.trials_per_cell = trials_per_cell
         self.finished = dict(finished_per_cell)  # cell -> trials ended (complete or failed)
-        self.running: dict[str, int] = {}
+        # Tune trial ids: a trial retried after a failure (max_failures) starts again without having ended
+        self.running: set[str] = set()
         self.failed = 0
         self.epochs = 0
         self.walls: list[float] = []
@@ -494,8 +495,8 @@ class SweepProgress:
         return self._stream or sys.__stderr__
 
     # events (from the driver's Tune callback)
-    def trial_started(self, cell: str) -> None:
-        self.running[cell] = self.running.get(cell, 0) + 1
+    def trial_started(self, trial_id: str) -> None:
+        self.running.add(trial_id)
         self._show()
 
     def epoch_done(self) -> None:
@@ -506,8 +507,8 @@ class SweepProgress:
     def trial_seconds(self, seconds: float) -> None:
         self.walls.append(seconds)
 
-    def trial_ended(self, cell: str, failed: bool) -> None:
-        self.running[cell] = max(0, self.running.get(cell, 0) - 1)
+    def trial_ended(self, trial_id: str, cell: str, failed: bool) -> None:
+        self.running.discard(trial_id)
         self.finished[cell] = self.finished.get(cell, 0) + 1
         self.failed += int(failed)
         self._show(force_line=True)
@@ -516,7 +517,7 @@ class SweepProgress:
     def line(self) -> str:
         total = self.trials_per_cell * len(self.finished)
         done = sum(self.finished.values())
-        running = sum(self.running.values())
+        running = len(self.running)
         cells_done = sum(1 for n in self.finished.values() if n >= self.trials_per_cell)
         elapsed = time.perf_counter() - self.started
         eta = "?"

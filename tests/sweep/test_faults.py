@@ -135,3 +135,21 @@ def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_onc
     monkeypatch.setattr(tracker.client, "get_metric_history", history_of)
     rerun.on_trial_result(0, [], SimpleNamespace(trial_id="tune-4"), {"pruned_at_epoch": 2, EPOCH_HISTORY: json.dumps(epochs)})
     assert [m.step for m in history_of(pruned, "epoch_train_seconds")] == [1, 2]
+
+
+def test_a_retried_trial_is_one_running_trial_on_the_progress_line():
+    """Tune starts a trial again after a retried failure (max_failures) without ending it: the
+    display counts trials, not starts, so the last line reads 0 running."""
+    import io
+
+    from orchestrator.sweep.tune import SweepProgress
+
+    stream = io.StringIO()
+    display = SweepProgress("tiny", {"cell-a": 0, "cell-b": 0}, trials_per_cell=1, stream=stream)
+    display.trial_started("t1")
+    display.trial_started("t2")
+    display.trial_started("t2")  # retried after a failure
+    display.trial_ended("t1", "cell-a", failed=False)
+    assert "trials 1/2 done, 1 running, 0 failed" in stream.getvalue().splitlines()[-1]
+    display.trial_ended("t2", "cell-b", failed=True)
+    assert stream.getvalue().splitlines()[-1].startswith("[sweep] tiny: cells 2/2 done | trials 2/2 done, 0 running, 1 failed")
