@@ -86,22 +86,28 @@ def worker_env() -> dict[str, str]:
             if k in os.environ}
 
 
-# Ray's own words when a node it starts does not register in time (ray/_private/node.py: a bare
-# Exception after 30 s; ray/_private/services.py's wait_for_node: a TimeoutError). Seen on a 2-core
-# machine running a second Ray beside it (benchmarks/results/chaos.json, seed 0): a traceback then.
-RAY_START_TIMEOUTS = ("timed out during startup", "waiting for node to startup")
+# Ray's own words when the node a private Ray starts does not register within 30 s (a bare
+# Exception, ray/_private/node.py; a driver joining a cluster does not wait so). Seen on a 2-core
+# machine with a second Ray starting beside it (docs/performance.md, "Faults and recovery").
+RAY_START_TIMED_OUT = "timed out during startup"
 
 
-def ray_start_timed_out(address: str | None, message: str) -> str:
-    """The one line for a Ray that did not start in time: which Ray, Ray's words, how loaded this
-    machine is (the usual cause), and that rerunning is safe (nothing was started before it)."""
+def ray_start_timed_out(message: str) -> str:
+    """The one line for a private Ray that did not start in time: Ray's words, how loaded this
+    machine is, and what to do: a busy machine (the usual cause) asks for the command again
+    (nothing was started before it); an idle one for Ray's own logs (a raylet that failed)."""
+    cpus = os.cpu_count() or 1
     try:
-        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        load = os.getloadavg()[0]
     except OSError:  # (no load average on this platform)
-        load = f"{os.cpu_count()} CPUs"
-    which = f"this machine's Ray node, joining the cluster at {address}," if address else "a private Ray on this machine"
-    return (f"{which} did not start in time ({message.rstrip('.')}; {load}): run the same command again, "
-            "when the machine is less busy (what finished before is kept and reused)")
+        load = None
+    from ray._common.utils import get_default_ray_temp_dir  # (Ray's own: $RAY_TMPDIR, $TMPDIR, /tmp)
+
+    logs = Path(get_default_ray_temp_dir()) / "session_latest" / "logs"
+    advice = ("run the same command again when the machine is less busy (what finished before is kept and reused)"
+              if load is not None and load >= cpus else f"see why in Ray's logs ({logs}: raylet.err, gcs_server.err)")
+    where = f"load average {load:.1f} on {cpus} CPUs" if load is not None else f"{cpus} CPUs"
+    return f"a private Ray on this machine did not start in time ({message.rstrip('.')}; {where}): {advice}"
 
 
 # The cluster init_ray joined (None: a private Ray it started): what check_resources' advice fits.
@@ -143,8 +149,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         if isinstance(exc, RuntimeError) and "Version mismatch" in message:  # Ray's check: the cluster's Python or Ray
             raise InputError(address or "ray", f"{message}: run orchestrate from the cluster's Python "
                                                "(cluster/python-version) and Ray") from None
-        if any(sign in message for sign in RAY_START_TIMEOUTS):
-            raise InputError("ray", ray_start_timed_out(address, message)) from None
+        if not address and RAY_START_TIMED_OUT in message:
+            raise InputError("ray", ray_start_timed_out(message)) from None
         raise
     global joined_cluster
     joined_cluster = address

@@ -395,6 +395,10 @@ class MlflowTrialLogger(Callback):
         self._run_id(trial)
         self.display.trial_started(trial.trial_id)
 
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        # a failure Tune retries (max_failures): the trial waits to start again, neither running nor ended
+        self.display.trial_retrying(trial.trial_id)
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._run_id(trial)
         if "epoch" in result and "final" not in result:
@@ -475,7 +479,7 @@ class SweepProgress:
         self.sweep = sweep
         self.trials_per_cell = trials_per_cell
         self.finished = dict(finished_per_cell)  # cell -> trials ended (complete or failed)
-        # Tune trial ids: a trial retried after a failure (max_failures) starts again without having ended
+        # Tune trial ids: a trial Tune retries after a failure (max_failures) starts again without having ended
         self.running: set[str] = set()
         self.failed = 0
         self.epochs = 0
@@ -497,6 +501,10 @@ class SweepProgress:
     # events (from the driver's Tune callback)
     def trial_started(self, trial_id: str) -> None:
         self.running.add(trial_id)
+        self._show()
+
+    def trial_retrying(self, trial_id: str) -> None:
+        self.running.discard(trial_id)
         self._show()
 
     def epoch_done(self) -> None:

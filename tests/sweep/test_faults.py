@@ -3,7 +3,6 @@ not retried; a worker that Ray's memory monitor killed is an accident of its nod
 processes' memory counts too) and raises, so Tune retries it. Ray's own exception types and
 the raylet's message, without a cluster."""
 
-import io
 import json
 from types import SimpleNamespace
 
@@ -13,7 +12,7 @@ from ray.train import WorkerGroupError
 
 from orchestrator.core.tracking import Tracker
 from orchestrator.sweep.search import FAILURE, INPUT_ERROR_PROBLEM, INPUT_ERROR_SOURCE, INPUT_FAILURE
-from orchestrator.sweep.tune import EPOCH_HISTORY, MlflowTrialLogger, SweepProgress, _InterruptStopper, _is_out_of_memory
+from orchestrator.sweep.tune import EPOCH_HISTORY, MlflowTrialLogger, _InterruptStopper, _is_out_of_memory
 from workloads.training import StepOutOfMemoryError
 
 # The raylet's words when its memory monitor kills a worker (Ray 2.60's format strings, filled in)
@@ -137,16 +136,3 @@ def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_onc
     rerun.on_trial_result(0, [], SimpleNamespace(trial_id="tune-4"), {"pruned_at_epoch": 2, EPOCH_HISTORY: json.dumps(epochs)})
     assert [m.step for m in history_of(pruned, "epoch_train_seconds")] == [1, 2]
 
-
-def test_a_retried_trial_is_one_running_trial_on_the_progress_line():
-    """Tune starts a trial again after a retried failure (max_failures) without ending it: the
-    display counts trials, not starts, so the last line reads 0 running."""
-    stream = io.StringIO()
-    display = SweepProgress("tiny", {"cell-a": 0, "cell-b": 0}, trials_per_cell=1, stream=stream)
-    display.trial_started("t1")
-    display.trial_started("t2")
-    display.trial_started("t2")  # retried after a failure
-    display.trial_ended("t1", "cell-a", failed=False)
-    assert "trials 1/2 done, 1 running, 0 failed" in stream.getvalue().splitlines()[-1]
-    display.trial_ended("t2", "cell-b", failed=True)
-    assert stream.getvalue().splitlines()[-1].startswith("[sweep] tiny: cells 2/2 done | trials 2/2 done, 0 running, 1 failed")

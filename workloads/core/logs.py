@@ -54,7 +54,7 @@ def clock(seconds: float) -> str:
     extrapolate from)."""
     if seconds != seconds:
         return "?"
-    minutes, secs = divmod(int(seconds), 60)
+    minutes, secs = divmod(int(max(0.0, seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
