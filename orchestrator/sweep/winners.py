@@ -37,7 +37,7 @@ import optuna
 import yaml
 
 from orchestrator.core import schema
-from orchestrator.core.execution import IN_EPOCH_DIR, init_ray
+from orchestrator.core.execution import IN_EPOCH_DIR, init_ray, trial_capacity
 from orchestrator.core.tracking import Tracker
 from orchestrator.lifecycle.identity import test_data_identity
 from orchestrator.lifecycle.run import keep_result
@@ -96,7 +96,11 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
         pending.append((cell, run_id, winner, complete, child, jobs, test_data))
     if pending:
         log.info("testing the winners of %d cells (%d evaluations)", len(pending), sum(len(p[5]) for p in pending))
-    for number, ((cell, run_id, winner, complete, child, jobs, test_data), ended) in enumerate(in_completion_order(pending), 1):
+    slots = cells_tested_at_once(pending)
+    ends: list[float] = []  # seconds from the start of testing at which each cell's tests were seen ended
+    for number, ((cell, run_id, winner, complete, child, jobs, test_data), ended_at) in enumerate(
+            in_completion_order(pending, started), 1):
+        ends.append(ended_at)
         try:
             results = [job.result() for job in jobs]
             for result in results:
@@ -122,33 +126,61 @@ def evaluate_winners(sweep, tracker, experiment_id, cells, cell_runs, paths, ray
         elapsed = time.perf_counter() - started
         log.info("%s (%s): winner trial %d val nDCG@10 %.4f, test nDCG@10 %.4f [%d/%d tested | testing %s, ETA %s]",
                  cell.key, "/".join(cell.axes.values()), winner.number, winner.value, test, number, len(pending),
-                 clock(elapsed), clock(elapsed / ended * (len(pending) - ended)))
+                 clock(elapsed), clock(testing_eta(ends, len(pending), slots, elapsed)))
     keep_winners(sweep, tracker, cells, cell_runs, paths.ray_storage, paths.optuna_url)
 
 
-def in_completion_order(pending: list[tuple]) -> Iterator[tuple[tuple, int]]:
+def in_completion_order(pending: list[tuple], started: float) -> Iterator[tuple[tuple, float]]:
     """The cells whose tests are all in flight (``pending``'s 6th field: their PendingEvaluations),
-    each as soon as every one of its tests has ended (or failed: its result raises), with how
-    many cells had ended by then (those found ended together count together). A cell is logged
-    when it is done rather than in submission order, and the ETA is the pace of cells ended:
-    tests run side by side (two at a time on 2 cores) end in waves, and counting one cell of a
-    wave at a time would put the first ETA at several times the truth."""
+    each as soon as every one of its tests has ended (or failed: its result raises), with when
+    it was seen ended (seconds since ``started``; cells seen ended together share it). A cell
+    is logged when it is done rather than in submission order."""
     import ray
 
     def unfinished(entry) -> list:
         refs = [job.ref for job in entry[5]]
         return ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)[1]
 
-    left, ended = list(pending), 0
+    left = list(pending)
     while left:
         done = [entry for entry in left if not unfinished(entry)]
         if not done:  # wait until one more test ends
             ray.wait([ref for entry in left for ref in unfinished(entry)], num_returns=1, fetch_local=False)
             continue
-        ended += len(done)
+        seen = time.perf_counter() - started
         for entry in done:
             left.remove(entry)
-            yield entry, ended
+            yield entry, seen
+
+
+def cells_tested_at_once(pending: list[tuple]) -> int:
+    """How many cells' tests run side by side: the cluster's room for one test task (a worker of
+    the cell's shape: trial_capacity of a one-worker trial), over the tests each cell has."""
+    if not pending:
+        return 1
+    tasks = min(trial_capacity(entry[0].spec.model_copy(
+        update={"resources": entry[0].spec.resources.model_copy(update={"workers": 1})})).trials for entry in pending)
+    return max(1, tasks // max(len(entry[5]) for entry in pending))
+
+
+def testing_eta(ends: list[float], cells: int, slots: int, now: float) -> float:
+    """Seconds until the last of ``cells`` is tested, ``slots`` at a time, from when each cell so
+    far was seen ended (``ends``, seconds from the start of testing; ``now`` likewise).
+
+    A queue of ``slots`` servers: the i-th cell to end started when the (i - slots)-th ended (at
+    0 for the first ``slots``), so its duration is the difference; each cell left takes the
+    mean duration from when its slot frees, and ends no earlier than now. Pace alone (elapsed /
+    ended x left) misleads here: in the bf16 demo the first of two cells tested side by side
+    ended at 2m19s and pace said 11m38s left, when 4m51s were (this model: 4m38s)."""
+    order = sorted(ends)
+    durations = [end - (order[i - slots] if i >= slots else 0.0) for i, end in enumerate(order)]
+    if not durations or len(order) >= cells:
+        return 0.0
+    mean = sum(durations) / len(durations)
+    predicted = list(order)
+    for i in range(len(order), cells):
+        predicted.append(max(now, (predicted[i - slots] if i >= slots else 0.0) + mean))
+    return max(0.0, predicted[-1] - now)
 
 
 def chosen_metrics(metrics: dict[str, float]) -> dict[str, float]:
