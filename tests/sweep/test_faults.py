@@ -135,4 +135,3 @@ def test_a_resumed_trial_logs_the_epochs_its_killed_driver_never_logged_each_onc
     monkeypatch.setattr(tracker.client, "get_metric_history", history_of)
     rerun.on_trial_result(0, [], SimpleNamespace(trial_id="tune-4"), {"pruned_at_epoch": 2, EPOCH_HISTORY: json.dumps(epochs)})
     assert [m.step for m in history_of(pruned, "epoch_train_seconds")] == [1, 2]
-

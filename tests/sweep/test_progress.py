@@ -1,5 +1,5 @@
 """What a sweep shows while it runs, without Ray: the search's progress line (trials Tune retries
-counted once) and the winners' tests taken as they end, with the pace for the ETA."""
+counted once) and the winners' tests taken as they end, their ETA queued on the slots that free."""
 
 import io
 from pathlib import Path
@@ -98,5 +98,5 @@ def test_cells_tested_at_once_is_the_room_for_one_test_task_over_the_tests_per_c
     spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"workers": 4, "cpus_per_worker": 2})})
     cell = SimpleNamespace(spec=spec)
     assert winners.cells_tested_at_once([(cell, None, None, None, None, [1, 2], None)] * 3) == 2  # 4 tasks, 2 tests a cell
-    assert asked == [1, 1, 1]  # a test is one worker, whatever the trial's workers
+    assert asked == [1]  # a test is one worker, whatever the trial's workers; the cluster asked once per shape
     assert winners.cells_tested_at_once([(cell, None, None, None, None, [1] * 9, None)]) == 1
